@@ -1,0 +1,15 @@
+// Registration of every subcommand. Each cmd_*.cpp defines one register_* function; the command
+// runs from its CLI11 callback and throws tokenmill::Error for user errors (printed by cli.cpp).
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace tokenmill::app {
+
+void register_commands(CLI::App& app);
+
+void register_version(CLI::App& app);
+
+}  // namespace tokenmill::app

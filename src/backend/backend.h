@@ -1,0 +1,172 @@
+// The Backend interface: the ops the model's forward is written against, once. The CPU backend
+// (backend/cpu) is the reference; the CUDA backend (backend/cuda) implements the same ops.
+//
+// Conventions (invariants every implementation keeps):
+// - Every pointer in an op's parameters is backend memory (host memory for the CPU backend,
+//   device memory for CUDA), obtained from alloc() or upload_weight().
+// - Activations crossing op boundaries are F32, row-major, one row per token.
+// - Ops never allocate. Scratch comes from the caller's workspace.
+// - Index arrays (positions, cu_seqlens, block tables, state slots) are int32 in backend memory.
+// - Ops are asynchronous with respect to the host on devices that can be; synchronize() waits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tensor/dtype.h"
+
+namespace tokenmill {
+
+// A weight matrix [rows = out_features, cols = in_features], optionally stacked over experts.
+// Float formats (F32, F16, BF16): `data` holds rows*cols elements per expert.
+// MLX affine (bits 2..8): `data` holds each row as a little-endian bit stream packed in U32
+// words (row stride = cols*bits/32 words); `scales` and `biases` hold [rows, cols/group] values
+// of `scale_dtype`; w = scale*q + bias.
+struct Weight {
+  DType dtype = DType::F32;        // element type of `data` (U32 for affine)
+  int bits = 0;                    // 0 = float weight; 2,3,4,5,6,8 = MLX affine
+  int group = 0;                   // affine group size (32, 64 or 128)
+  DType scale_dtype = DType::BF16;  // affine scales and biases
+  const void* data = nullptr;
+  const void* scales = nullptr;
+  const void* biases = nullptr;
+  int64_t experts = 0;  // 0: a plain matrix; E > 0: E matrices laid out one after another
+  int64_t rows = 0, cols = 0;
+
+  bool quantized() const { return bits > 0; }
+  // Bytes of one expert's (or the whole plain matrix's) data, scales and biases.
+  size_t bytes_per_matrix() const;
+  size_t total_bytes() const { return bytes_per_matrix() * static_cast<size_t>(experts ? experts : 1); }
+};
+
+// Varlen sequence layout for one forward call: sequence s owns rows
+// [cu_seqlens[s], cu_seqlens[s+1]) of every activation.
+struct SeqLayout {
+  int n_seqs = 0;
+  int n_tokens = 0;
+  const int32_t* cu_seqlens = nullptr;  // [n_seqs + 1]
+  const int32_t* positions = nullptr;   // [n_tokens] absolute position of each row
+  int max_seq_tokens = 0;               // max over s of the rows it advances (host-side hint)
+};
+
+// Paged KV cache of one attention layer: blocks of `block_size` positions, each holding
+// k and v as [block_size, kv_heads, head_dim] F32.
+struct KVLayerView {
+  float* k = nullptr;  // [num_blocks, block_size, kv_heads, head_dim]
+  float* v = nullptr;
+  int block_size = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+};
+
+// Per-sequence paging info shared by all attention layers of a forward.
+struct KVPaging {
+  const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks_per_seq]
+  int max_blocks_per_seq = 0;
+  const int32_t* context_lens = nullptr;  // [n_seqs] tokens in cache after this step's append
+  int max_context_len = 0;                // host-side hint
+};
+
+// Recurrent state of one Gated DeltaNet layer for all slots.
+struct GDNStateView {
+  float* conv = nullptr;  // [slots, channels, kernel-1]: the last K-1 pre-conv inputs, oldest first
+  float* ssm = nullptr;   // [slots, v_heads, k_dim, v_dim]
+  int channels = 0;
+  int kernel = 0;
+  int v_heads = 0, k_heads = 0, k_dim = 0, v_dim = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // ---- memory ----
+  virtual void* alloc(size_t bytes) = 0;  // throws tokenmill::Error when it does not fit
+  virtual void free(void* p) = 0;
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // backend to backend
+  virtual void synchronize() = 0;
+  // Makes a host weight usable by ops. The CPU backend returns the same pointers (no copy);
+  // devices copy (and may repack) into memory they own until the backend is destroyed.
+  virtual Weight upload_weight(const Weight& host) = 0;
+
+  // ---- elementwise and normalisation ----
+  // out[i, :] = table row ids[i] (dequantized), for i < n. `table` has rows = vocab.
+  virtual void embed(const Weight& table, const int32_t* ids, int n, float* out) = 0;
+  // out = x / sqrt(mean(x^2) + eps) * w over rows of `dim` elements; `w` is the plain multiplier
+  // (zero-centered checkpoint norms are stored as 1+w at load). out may alias x.
+  virtual void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int dim,
+                       float eps) = 0;
+  // Gated RMSNorm per head: out = w * rmsnorm(o) * silu(z); rows = tokens*heads of `dim`.
+  virtual void rmsnorm_gated(const float* o, const float* z, const float* w, float* out,
+                             int64_t rows, int dim, float eps) = 0;
+  // x = x / sqrt(sum(x^2) + eps) * scale over rows of `dim` (GDN q/k normalisation).
+  virtual void l2norm(float* x, int64_t rows, int dim, float eps, float scale) = 0;
+  // out[r, :cols] = src[r * src_stride + :cols] for r < rows (dst rows packed with dst_stride).
+  virtual void copy_rows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                         int64_t rows, int64_t cols) = 0;
+  // out[i, :] = x[rows[i], :] for i < n.
+  virtual void gather_rows(const float* x, int dim, const int32_t* rows, int n, float* out) = 0;
+  virtual void add(float* x, const float* y, int64_t n) = 0;                // x += y
+  virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
+  virtual void sigmoid_mul(float* x, const float* gate, int64_t n) = 0;    // x *= sigmoid(gate)
+  // x[r, :] *= sigmoid(gate[r]) for a gate column per row: used by the shared-expert gate.
+  virtual void scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) = 0;
+
+  // ---- matrices ----
+  // out[n, w.rows] = x[n, w.cols] @ W^T (F32 accumulation). For stacked weights, `expert`
+  // picks the matrix.
+  virtual void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) = 0;
+
+  // ---- attention ----
+  // NeoX rotary embedding in place on the first rot_dim dims of each head:
+  // x is [n_tokens, heads, row_stride...]: head h of token t starts at t*token_stride + h*head_dim.
+  virtual void rope(float* x, const int32_t* positions, int n_tokens, int heads, int head_dim,
+                    int64_t token_stride, int rot_dim, float theta) = 0;
+  // Writes k, v rows ([n_tokens, kv_heads, head_dim]) into their cache slots:
+  // token i goes to position positions[i] of its sequence (found through seqs.cu_seqlens).
+  virtual void kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
+                         const float* k, const float* v) = 0;
+  // Causal GQA attention of each new query row against its sequence's cached keys up to and
+  // including its own position: q [n_tokens, heads, head_dim], out [n_tokens, heads, head_dim].
+  virtual void attention(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
+                         const float* q, int heads, float scale, float* out) = 0;
+
+  // ---- Gated DeltaNet ----
+  // Causal depthwise conv over each sequence's rows followed by SiLU, continuing from and
+  // updating the sequence's conv state. x, out: [n_tokens, channels]; weight: [channels, kernel]
+  // F32. slots[s] is the state slot of sequence s.
+  virtual void conv1d_silu(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
+                           const float* x, const float* weight, float* out) = 0;
+  // Gated delta rule over each sequence's rows, continuing from and updating its state:
+  // q, k [n_tokens, k_heads, k_dim] (already normalised), v [n_tokens, v_heads, v_dim],
+  // g (log decay) and beta [n_tokens, v_heads], out [n_tokens, v_heads, v_dim].
+  // When step_states != nullptr, the state after each row t is also written to
+  // step_states[t] ([n_tokens, v_heads, k_dim, v_dim]) for speculative rollback.
+  virtual void gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs,
+                                const int32_t* slots, const float* q, const float* k,
+                                const float* v, const float* g, const float* beta, float* out,
+                                float* step_states) = 0;
+  // g = -exp(A_log) * softplus(a + dt_bias); beta = sigmoid(b); a, b, g, beta: [n, heads].
+  virtual void gdn_gates(const float* a, const float* b, const float* a_log, const float* dt_bias,
+                         float* g, float* beta, int64_t n, int heads) = 0;
+
+  // ---- mixture of experts ----
+  // Router: probabilities = softmax(logits) over E experts per row; picks the top k; weights are
+  // renormalised to sum to 1 when `renormalize`. ids [n, k] int32, weights [n, k] F32.
+  virtual void topk_softmax(const float* logits, int64_t n, int experts, int k, bool renormalize,
+                            int32_t* ids, float* weights) = 0;
+  // out[n, hidden] = sum_j weights[i, j] * down_e(silu(gate_e x) * up_e x) with e = ids[i, j].
+  // gate, up: [E, inter, hidden]; down: [E, hidden, inter]. `scratch` holds at least
+  // n*k*(2*inter + hidden) floats.
+  virtual void moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
+                   const Weight& gate, const Weight& up, const Weight& down, float* out,
+                   float* scratch) = 0;
+};
+
+}  // namespace tokenmill
