@@ -1,0 +1,64 @@
+// The engine: one thread per model that runs continuous batching. Requests join and leave the
+// running batch at every step; prompts prefill in chunks interleaved with decode steps; a
+// request is admitted only when its KV blocks and state slot fit.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/request.h"
+
+namespace tokenmill {
+
+class Model;
+
+struct EngineOptions {
+  int max_seqs = 16;             // sequences running at once
+  int max_step_tokens = 512;     // tokens per forward (prefill chunk budget incl. decodes)
+  int prefill_chunk = 256;       // largest prefill piece of one sequence per step
+  bool prefer_decode = true;     // decode tokens are scheduled before new prefill chunks
+  int kv_block_size = 16;        // positions per KV block
+  int64_t kv_blocks = 0;         // 0: derived from memory_budget_bytes
+  int64_t memory_budget_bytes = 2LL << 30;  // KV blocks + state slots
+  int max_context = 0;           // 0: the model's max_position_embeddings (capped by memory)
+  uint64_t seed = 0;             // seeds requests that give none
+};
+
+struct EngineStats {
+  int running = 0;
+  int queued = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  int state_slots_total = 0, state_slots_used = 0;
+  int64_t cache_bytes_total = 0, cache_bytes_used = 0;
+  uint64_t requests_total = 0, requests_finished = 0;
+  uint64_t prompt_tokens = 0, generated_tokens = 0, cached_prompt_tokens = 0;
+  uint64_t steps = 0;
+  double last_batch_tokens = 0;
+  int max_context = 0;
+};
+
+class Engine {
+ public:
+  Engine(Model& model, const EngineOptions& options);
+  ~Engine();  // cancels everything and joins the thread
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request. Throws tokenmill::Error (an invalid request: 400) when it can never run:
+  // empty prompt, prompt + max_tokens beyond the context window or the memory budget, ids
+  // outside the vocabulary. The message gives the numbers.
+  std::shared_ptr<RequestStream> submit(GenerationRequest request);
+  EngineStats stats() const;
+  int max_context() const;
+  int32_t vocab_size() const;
+
+  // Cancels all requests and waits up to timeout_ms for running ones to finish.
+  void shutdown(int timeout_ms);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tokenmill
