@@ -14,15 +14,15 @@ namespace tokenmill {
 class Model;
 
 struct EngineOptions {
-  int max_seqs = 16;             // sequences running at once
-  int max_step_tokens = 512;     // tokens per forward (prefill chunk budget incl. decodes)
-  int prefill_chunk = 256;       // largest prefill piece of one sequence per step
-  bool prefer_decode = true;     // decode tokens are scheduled before new prefill chunks
-  int kv_block_size = 16;        // positions per KV block
-  int64_t kv_blocks = 0;         // 0: derived from memory_budget_bytes
+  int max_seqs = 16;          // sequences running at once
+  int max_step_tokens = 512;  // tokens per forward (prefill chunk budget incl. decodes)
+  int prefill_chunk = 256;    // largest prefill piece of one sequence per step
+  bool prefer_decode = true;  // decode tokens are scheduled before new prefill chunks
+  int kv_block_size = 16;     // positions per KV block
+  int64_t kv_blocks = 0;      // 0: derived from memory_budget_bytes
   int64_t memory_budget_bytes = 2LL << 30;  // KV blocks + state slots
-  int max_context = 0;           // 0: the model's max_position_embeddings (capped by memory)
-  uint64_t seed = 0;             // seeds requests that give none
+  int max_context = 0;  // 0: the model's max_position_embeddings (capped by memory)
+  uint64_t seed = 0;    // seeds requests that give none
 };
 
 struct EngineStats {

@@ -1,0 +1,349 @@
+// The engine loop: continuous batching over one model.
+//
+// Every sequence is "tokens = prompt + output" and "cached = how many of them the caches hold".
+// A step feeds each scheduled sequence the next uncached tokens (a prefill chunk, or the one
+// token sampled last step); when a sequence's cache catches up with its tokens, the logits of its
+// last row give the next token. Prefill, decode and recompute after preemption are therefore one
+// mechanism. Only this thread touches the caches.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "cache/cache_manager.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "model/model.h"
+#include "util/error.h"
+#include "util/log.h"
+
+namespace tokenmill {
+
+struct Engine::Impl {
+  Model& model;
+  EngineOptions opt;
+  std::unique_ptr<CacheManager> cache;
+  int max_context = 0;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::unique_ptr<Sequence>> incoming;  // submitted, not yet seen by the loop
+  bool stop = false;
+  uint64_t next_id = 1;
+  EngineStats stats;
+
+  // Engine-thread state.
+  std::deque<std::unique_ptr<Sequence>> waiting;
+  std::vector<std::unique_ptr<Sequence>> running;
+  std::vector<float> logits;
+  std::vector<uint8_t> allowed;
+  std::thread thread;
+
+  Impl(Model& m, const EngineOptions& o) : model(m), opt(o) {}
+  void loop();
+  void step();
+  void finish(Sequence& s, FinishReason why, const std::string& error = {});
+  void release(Sequence& s);
+  void update_stats();
+};
+
+Engine::Engine(Model& model, const EngineOptions& options)
+    : impl_(std::make_unique<Impl>(model, options)) {
+  Impl& I = *impl_;
+  const CacheGeometry& geo = model.geometry();
+  CacheOptions co;
+  if (options.kv_blocks > 0) {
+    co.block_size = options.kv_block_size;
+    co.num_blocks = options.kv_blocks;
+    co.num_slots = options.max_seqs;
+  } else {
+    co = CacheManager::plan(geo, options.memory_budget_bytes, options.max_seqs,
+                            options.kv_block_size);
+  }
+  I.cache = std::make_unique<CacheManager>(model.backend(), geo, co);
+  int64_t by_memory = co.num_blocks * co.block_size;
+  int64_t by_model = model.config().max_position_embeddings > 0
+                         ? model.config().max_position_embeddings
+                         : by_memory;
+  int64_t ctx = options.max_context > 0 ? options.max_context : by_model;
+  if (geo.attention_layers > 0) ctx = std::min(ctx, by_memory);
+  I.max_context = static_cast<int>(std::min<int64_t>(ctx, 1 << 30));
+  I.stats.kv_blocks_total = co.num_blocks;
+  I.stats.state_slots_total = co.num_slots;
+  I.stats.cache_bytes_total = I.cache->bytes();
+  I.stats.max_context = I.max_context;
+  I.thread = std::thread([this] { impl_->loop(); });
+}
+
+Engine::~Engine() {
+  shutdown(0);
+}
+
+int Engine::max_context() const {
+  return impl_->max_context;
+}
+int32_t Engine::vocab_size() const {
+  return static_cast<int32_t>(impl_->model.config().vocab_size);
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+std::shared_ptr<RequestStream> Engine::submit(GenerationRequest req) {
+  Impl& I = *impl_;
+  const int64_t vocab = I.model.config().vocab_size;
+  if (req.prompt.empty()) fail("the prompt is empty: send at least one token");
+  for (int32_t t : req.prompt) {
+    if (t < 0 || t >= vocab)
+      fail("prompt token id {} is outside the vocabulary (0..{})", t, vocab - 1);
+  }
+  if (req.max_tokens < 0) fail("max_tokens must be >= 0, got {}", req.max_tokens);
+  const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
+  if (total > I.max_context) {
+    fail(
+        "prompt ({} tokens) + max_tokens ({}) = {} exceeds the context window of {} tokens; "
+        "shorten the prompt or lower max_tokens",
+        req.prompt.size(), req.max_tokens, total, I.max_context);
+  }
+  if (req.constraint && req.sampling.logprobs > 20) fail("top_logprobs must be at most 20");
+  auto seq = std::make_unique<Sequence>();
+  std::shared_ptr<RequestStream> stream;
+  {
+    std::lock_guard<std::mutex> lock(I.mu);
+    if (I.stop) fail("the engine is shutting down");
+    seq->id = I.next_id++;
+    uint64_t seed = req.sampling.seed ? *req.sampling.seed : I.opt.seed * 1000003u + seq->id;
+    seq->sampler = std::make_unique<Sampler>(req.sampling, seed, req.prompt);
+    seq->tokens = req.prompt;
+    seq->prompt_len = static_cast<int>(req.prompt.size());
+    seq->in_reasoning = req.starts_in_reasoning;
+    stream = std::make_shared<RequestStream>(seq->id);
+    seq->stream = stream;
+    seq->req = std::move(req);
+    I.incoming.push_back(std::move(seq));
+    I.stats.requests_total++;
+    I.stats.queued++;
+  }
+  I.cv.notify_all();
+  return stream;
+}
+
+void Engine::shutdown(int timeout_ms) {
+  Impl& I = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(I.mu);
+    if (!I.thread.joinable()) return;
+    if (timeout_ms > 0) {
+      // Let running requests finish for up to timeout_ms before cancelling.
+      I.mu.unlock();
+      auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+      while (std::chrono::steady_clock::now() < until) {
+        {
+          std::lock_guard<std::mutex> l2(I.mu);
+          if (I.stats.running == 0 && I.stats.queued == 0) break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      I.mu.lock();
+    }
+    I.stop = true;
+  }
+  I.cv.notify_all();
+  I.thread.join();
+}
+
+void Engine::Impl::release(Sequence& s) {
+  cache->release(s.blocks);
+  if (s.slot >= 0) cache->release_slot(s.slot);
+  s.slot = -1;
+  s.cached = 0;
+}
+
+void Engine::Impl::finish(Sequence& s, FinishReason why, const std::string& error) {
+  TokenEvent ev;
+  ev.finished = true;
+  ev.finish_reason = why;
+  ev.error = error;
+  if (!s.sent_first) {
+    ev.cached_prompt_tokens = 0;
+    s.sent_first = true;
+  }
+  s.stream->push(std::move(ev));
+  s.done = true;
+  release(s);
+}
+
+void Engine::Impl::update_stats() {
+  std::lock_guard<std::mutex> lock(mu);
+  stats.running = static_cast<int>(running.size());
+  stats.queued = static_cast<int>(waiting.size() + incoming.size());
+  stats.kv_blocks_used = cache->total_blocks() - cache->free_blocks();
+  stats.state_slots_used = cache->total_slots() - cache->free_slots();
+  const CacheGeometry& g = model.geometry();
+  stats.cache_bytes_used = stats.kv_blocks_used * cache->block_size() * g.kv_bytes_per_token() +
+                           int64_t{stats.state_slots_used} * g.state_bytes_per_seq();
+}
+
+void Engine::Impl::loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock,
+              [&] { return stop || !incoming.empty() || !running.empty() || !waiting.empty(); });
+      if (stop) break;
+      while (!incoming.empty()) {
+        waiting.push_back(std::move(incoming.front()));
+        incoming.pop_front();
+      }
+    }
+    try {
+      step();
+    } catch (const std::exception& e) {
+      // A failed step fails the sequences in it; the engine keeps serving the rest.
+      log::error("engine step failed: {}", e.what());
+      for (auto& s : running) finish(*s, FinishReason::kError, e.what());
+      running.clear();
+    }
+    update_stats();
+  }
+  for (auto& s : running) finish(*s, FinishReason::kCancelled);
+  for (auto& s : waiting) finish(*s, FinishReason::kCancelled);
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& s : incoming) finish(*s, FinishReason::kCancelled);
+  running.clear();
+  waiting.clear();
+  incoming.clear();
+}
+
+void Engine::Impl::step() {
+  // Cancelled requests leave first and free their memory.
+  auto drop_cancelled = [&](auto& list) {
+    for (auto& s : list) {
+      if (s && !s->done && s->stream->cancelled()) finish(*s, FinishReason::kCancelled);
+    }
+  };
+  drop_cancelled(running);
+  drop_cancelled(waiting);
+  std::erase_if(running, [](const auto& s) { return s->done; });
+  std::erase_if(waiting, [](const auto& s) { return s->done; });
+
+  SchedulerConfig sc{opt.max_seqs, opt.max_step_tokens, opt.prefill_chunk, opt.prefer_decode};
+  StepPlan plan = schedule_step(sc, *cache, waiting, running);
+  if (plan.entries.empty()) return;
+
+  Batch batch;
+  for (const StepEntry& e : plan.entries) {
+    Sequence& s = *e.seq;
+    std::vector<int32_t> ids(s.tokens.begin() + s.cached, s.tokens.begin() + s.cached + e.n_tokens);
+    bool score_prompt = s.req.prompt_logprobs >= 0 && s.cached < s.prompt_len && !s.prompt_scored;
+    batch.add_sequence(ids, s.cached, s.slot, s.blocks, score_prompt);
+  }
+  model.forward(batch, cache->views(), &logits);
+  const int V = static_cast<int>(model.config().vocab_size);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.steps++;
+    stats.last_batch_tokens = batch.n_tokens();
+  }
+
+  size_t row = 0;
+  for (const StepEntry& e : plan.entries) {
+    Sequence& s = *e.seq;
+    bool score_prompt = s.req.prompt_logprobs >= 0 && s.cached < s.prompt_len && !s.prompt_scored;
+    int first = s.cached;
+    s.cached += e.n_tokens;
+    if (score_prompt) {
+      // Row i scores token first+i+1 while that token is still part of the prompt.
+      for (int i = 0; i < e.n_tokens; ++i, ++row) {
+        int target = first + i + 1;
+        if (target >= s.prompt_len) continue;
+        std::vector<TopLogprob> top;
+        float lp =
+            token_logprob(&logits[row * V], V, s.tokens[target], s.req.prompt_logprobs, &top);
+        s.prompt_lps.push_back(lp);
+        s.prompt_tops.push_back(std::move(top));
+      }
+      --row;  // the last row is also the sampling row below
+      if (s.cached >= s.prompt_len) s.prompt_scored = true;
+    }
+    const float* lrow = &logits[row * V];
+    ++row;
+    if (s.cached < static_cast<int>(s.tokens.size())) continue;  // prefill not finished
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (s.output_len() == 0) stats.prompt_tokens += static_cast<uint64_t>(s.prompt_len);
+    }
+    TokenEvent ev;
+    if (!s.sent_first) {
+      ev.cached_prompt_tokens = 0;
+      ev.prompt_logprobs = std::move(s.prompt_lps);
+      ev.prompt_top_logprobs = std::move(s.prompt_tops);
+      s.sent_first = true;
+    }
+    if (s.req.max_tokens == 0) {
+      s.stream->push(std::move(ev));
+      finish(s, FinishReason::kLength);
+      continue;
+    }
+    // Choose the next token: a forced end of reasoning, or a (constrained) sample.
+    int32_t tok;
+    std::vector<float> work(lrow, lrow + V);
+    if (s.req.reasoning_budget >= 0 && s.in_reasoning &&
+        s.reasoning_tokens >= s.req.reasoning_budget && s.req.think_end_token >= 0) {
+      tok = s.req.think_end_token;
+    } else {
+      const uint8_t* mask = nullptr;
+      if (s.req.constraint && !s.in_reasoning) {
+        allowed.assign(static_cast<size_t>(V), 1);
+        s.req.constraint->mask(allowed);
+        mask = allowed.data();
+      }
+      tok = s.sampler->sample(work.data(), V, mask);
+    }
+    if (s.req.sampling.logprobs >= 0) {
+      ev.logprob = token_logprob(lrow, V, tok, s.req.sampling.logprobs, &ev.top);
+    }
+    s.sampler->accept(tok);
+    s.tokens.push_back(tok);
+    ev.token = tok;
+    bool is_stop = !s.req.ignore_eos &&
+                   std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), tok) !=
+                       s.req.stop_token_ids.end();
+    ev.hit_stop_token = is_stop;
+    if (s.in_reasoning) {
+      if (tok == s.req.think_end_token) {
+        s.in_reasoning = false;
+      } else {
+        s.reasoning_tokens++;
+      }
+    }
+    bool constraint_done = false;
+    if (s.req.constraint && !s.in_reasoning && tok != s.req.think_end_token && !is_stop) {
+      constraint_done = !s.req.constraint->accept(tok);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stats.generated_tokens++;
+    }
+    s.stream->push(std::move(ev));
+    if (is_stop || constraint_done) {
+      finish(s, FinishReason::kStop);
+    } else if (s.output_len() >= s.req.max_tokens ||
+               static_cast<int>(s.tokens.size()) >= max_context) {
+      finish(s, FinishReason::kLength);
+    }
+  }
+  std::erase_if(running, [](const auto& s) { return s->done; });
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.requests_finished = stats.requests_total - static_cast<uint64_t>(running.size()) -
+                              static_cast<uint64_t>(waiting.size() + incoming.size());
+  }
+}
+
+}  // namespace tokenmill

@@ -1,0 +1,46 @@
+// Token sampling for one sequence, in vLLM's order: penalties (repetition over prompt and
+// output; presence and frequency over output), then temperature, then min-p, top-k, top-p, then a
+// seeded draw. Logprobs reported to clients are the model's raw log-softmax (before any of this),
+// as OpenAI and vLLM report them.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/request.h"
+
+namespace tokenmill {
+
+class Sampler {
+ public:
+  Sampler(const SamplingParams& params, uint64_t seed, const std::vector<int32_t>& prompt);
+
+  // Picks the next token from `logits` (vocab entries; modified in place). `allowed`, when not
+  // null, marks the tokens that may be chosen (nonzero). Returns the token.
+  int32_t sample(float* logits, int vocab, const uint8_t* allowed);
+  // Records a token appended to the output (for the penalties). sample() does not.
+  void accept(int32_t token);
+
+  const SamplingParams& params() const { return p_; }
+  bool greedy() const { return p_.temperature <= 0.0f; }
+
+ private:
+  void apply_penalties(float* logits, int vocab) const;
+  SamplingParams p_;
+  std::mt19937_64 rng_;
+  std::unordered_set<int32_t> prompt_tokens_;
+  std::unordered_map<int32_t, int> output_counts_;
+  std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
+};
+
+// Raw log-softmax of `logits` at `token`, and the top `k` entries (k may be 0).
+float token_logprob(const float* logits, int vocab, int32_t token, int k,
+                    std::vector<TopLogprob>* top);
+
+// log(sum(exp(logits))) computed stably.
+double log_sum_exp(const float* logits, int vocab);
+
+}  // namespace tokenmill

@@ -1,0 +1,338 @@
+// Model loading and the Qwen3.5 forward pass (MODEL-SPEC B): h += Mixer(norm1(h));
+// h += FFN(norm2(h)); logits = lm_head(norm(h)). The mixer is Gated DeltaNet or gated attention
+// per layer_types.
+#include "model/model.h"
+
+#include <cmath>
+
+#include "io/checkpoint.h"
+#include "util/error.h"
+#include "util/log.h"
+
+namespace tokenmill {
+
+int64_t CacheGeometry::kv_bytes_per_token() const {
+  return int64_t{attention_layers} * 2 * kv_heads * head_dim * 4;
+}
+
+int64_t CacheGeometry::state_bytes_per_seq() const {
+  int64_t conv = int64_t{conv_channels} * (conv_kernel - 1);
+  int64_t ssm = int64_t{v_heads} * k_dim * v_dim;
+  return int64_t{gdn_layers} * (conv + ssm) * 4;
+}
+
+// Backend memory for one forward's activations and index arrays, grown (outside the step's
+// ops) when a larger batch arrives.
+struct Model::Scratch {
+  Backend& be;
+  explicit Scratch(Backend& b) : be(b) {}
+  ~Scratch() {
+    if (arena) be.free(arena);
+    if (index) be.free(index);
+  }
+  void* arena = nullptr;
+  size_t arena_bytes = 0;
+  void* index = nullptr;
+  size_t index_bytes = 0;
+
+  // Activations (F32).
+  float *x, *h, *mix;
+  float *qkv, *conv_out, *z, *a, *b, *g, *beta, *q, *k, *v, *o, *o2;
+  float *qg, *gate;
+  float *ff_gate, *ff_up, *ff_act, *ff_out, *router, *topw, *moe_scratch, *sg;
+  int32_t* topi;
+  float *sel, *logits;
+  // Index arrays in backend memory.
+  int32_t *tokens, *positions, *cu_seqlens, *context_lens, *slots, *block_tables, *logit_rows;
+  SeqLayout seqs;
+  KVPaging paging;
+};
+
+Model::Model(Backend& backend, std::unique_ptr<Checkpoint> ckpt, const ModelOptions& options)
+    : backend_(backend), dir_(ckpt->dir()), ckpt_(std::move(ckpt)), cfg_(ckpt_->config()) {
+  store_ = std::make_unique<WeightStore>(backend_);
+  w_ = bind_weights(*ckpt_, cfg_, *store_, options.load_mtp);
+  for (LayerKind k : cfg_.layer_types) {
+    if (k == LayerKind::kFullAttention) {
+      geo_.attention_layers++;
+    } else {
+      geo_.gdn_layers++;
+    }
+  }
+  geo_.kv_heads = cfg_.num_kv_heads;
+  geo_.head_dim = cfg_.head_dim;
+  geo_.k_heads = cfg_.linear_num_key_heads;
+  geo_.v_heads = cfg_.linear_num_value_heads;
+  geo_.k_dim = cfg_.linear_key_head_dim;
+  geo_.v_dim = cfg_.linear_value_head_dim;
+  geo_.conv_kernel = cfg_.linear_conv_kernel_dim;
+  geo_.conv_channels = 2 * geo_.k_heads * geo_.k_dim + geo_.v_heads * geo_.v_dim;
+  s_ = std::make_unique<Scratch>(backend_);
+}
+
+Model::~Model() = default;
+
+std::unique_ptr<Model> Model::load(const std::string& dir, Backend& backend,
+                                   const ModelOptions& options) {
+  auto ckpt = std::make_unique<Checkpoint>(Checkpoint::open(dir));
+  return std::unique_ptr<Model>(new Model(backend, std::move(ckpt), options));
+}
+
+void Model::ensure_scratch(int T, int n_seqs, int R, int max_blocks) {
+  const int64_t H = cfg_.hidden_size;
+  const int64_t C = geo_.conv_channels;
+  const int64_t HvDv = int64_t{geo_.v_heads} * geo_.v_dim;
+  const int64_t HkDk = int64_t{geo_.k_heads} * geo_.k_dim;
+  const int64_t Hv = geo_.v_heads;
+  const int64_t QD = int64_t{cfg_.num_heads} * cfg_.head_dim;
+  const int64_t KVD = int64_t{cfg_.num_kv_heads} * cfg_.head_dim;
+  const int64_t I = std::max<int64_t>(cfg_.intermediate_size, cfg_.shared_expert_intermediate_size);
+  const int64_t E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
+  const int64_t Im = cfg_.moe_intermediate_size;
+  const int64_t V = cfg_.vocab_size;
+
+  struct Slot {
+    float** p;
+    int64_t n;
+  };
+  Scratch& s = *s_;
+  std::vector<Slot> slots = {
+      {&s.x, T * H},
+      {&s.h, T * H},
+      {&s.mix, T * H},
+      {&s.qkv, T * C},
+      {&s.conv_out, T * C},
+      {&s.z, T * HvDv},
+      {&s.a, T * Hv},
+      {&s.b, T * Hv},
+      {&s.g, T * Hv},
+      {&s.beta, T * Hv},
+      {&s.q, T * std::max(HkDk, QD)},
+      {&s.k, T * std::max(HkDk, KVD)},
+      {&s.v, T * std::max(HvDv, KVD)},
+      {&s.o, T * std::max(HvDv, QD)},
+      {&s.o2, T * HvDv},
+      {&s.qg, T * 2 * QD},
+      {&s.gate, T * QD},
+      {&s.ff_gate, T * I},
+      {&s.ff_up, T * I},
+      {&s.ff_act, T * I},
+      {&s.ff_out, T * H},
+      {&s.router, T * E},
+      {&s.topw, T * K},
+      {reinterpret_cast<float**>(&s.topi), T * K},
+      {&s.moe_scratch, T * K * (2 * Im + H)},
+      {&s.sg, T},
+      {&s.sel, R * H},
+      {&s.logits, R * V},
+  };
+  size_t need = 0;
+  for (const Slot& sl : slots) need += (static_cast<size_t>(sl.n) * 4 + 255) / 256 * 256;
+  if (need > s.arena_bytes) {
+    if (s.arena) backend_.free(s.arena);
+    s.arena = backend_.alloc(need);
+    s.arena_bytes = need;
+  }
+  size_t off = 0;
+  for (const Slot& sl : slots) {
+    *sl.p = reinterpret_cast<float*>(static_cast<uint8_t*>(s.arena) + off);
+    off += (static_cast<size_t>(sl.n) * 4 + 255) / 256 * 256;
+  }
+
+  size_t idx = static_cast<size_t>(T) * 2 + (n_seqs + 1) + n_seqs * 2 +
+               static_cast<size_t>(n_seqs) * max_blocks + R;
+  idx *= 4;
+  if (idx > s.index_bytes) {
+    if (s.index) backend_.free(s.index);
+    s.index_bytes = std::max<size_t>(idx, 4096);
+    s.index = backend_.alloc(s.index_bytes);
+  }
+  int32_t* p = static_cast<int32_t*>(s.index);
+  s.tokens = p;
+  p += T;
+  s.positions = p;
+  p += T;
+  s.cu_seqlens = p;
+  p += n_seqs + 1;
+  s.context_lens = p;
+  p += n_seqs;
+  s.slots = p;
+  p += n_seqs;
+  s.block_tables = p;
+  p += static_cast<size_t>(n_seqs) * max_blocks;
+  s.logit_rows = p;
+}
+
+namespace {
+void check_batch(const Batch& b, const ModelConfig& cfg) {
+  const int n = b.n_seqs();
+  TM_CHECK(n > 0 && b.n_tokens() > 0, "empty batch");
+  TM_CHECK(static_cast<int>(b.cu_seqlens.size()) == n + 1 && b.cu_seqlens[0] == 0 &&
+               b.cu_seqlens[n] == b.n_tokens(),
+           "cu_seqlens does not cover the batch");
+  TM_CHECK(b.positions.size() == b.tokens.size() && static_cast<int>(b.state_slots.size()) == n,
+           "batch arrays disagree in length");
+  for (int s = 0; s < n; ++s) {
+    int len = b.cu_seqlens[s + 1] - b.cu_seqlens[s];
+    TM_CHECK(len > 0, "sequence {} advances by no token", s);
+    TM_CHECK(b.positions[b.cu_seqlens[s + 1] - 1] == b.context_lens[s] - 1,
+             "sequence {}: positions do not end at its context length", s);
+  }
+  for (int32_t t : b.tokens) {
+    if (t < 0 || t >= cfg.vocab_size) {
+      fail("token id {} is outside the vocabulary (0..{})", t, cfg.vocab_size - 1);
+    }
+  }
+  for (int32_t r : b.logit_rows)
+    TM_CHECK(r >= 0 && r < b.n_tokens(), "logit row {} out of range", r);
+}
+}  // namespace
+
+void Model::forward(const Batch& batch, const CacheViews& caches, std::vector<float>* logits,
+                    std::vector<float>* hidden) {
+  check_batch(batch, cfg_);
+  TM_CHECK(static_cast<int>(caches.kv.size()) == geo_.attention_layers &&
+               static_cast<int>(caches.gdn.size()) == geo_.gdn_layers,
+           "cache views do not match the model's layers");
+  if (batch.keep_step_states) fail("per-token GDN state snapshots are not supported yet");
+  const int T = batch.n_tokens(), n = batch.n_seqs();
+  const int R = static_cast<int>(batch.logit_rows.size());
+  const int64_t H = cfg_.hidden_size;
+  ensure_scratch(T, n, R, std::max(1, batch.max_blocks_per_seq));
+  Scratch& s = *s_;
+  auto up = [&](int32_t* dst, const std::vector<int32_t>& v) {
+    if (!v.empty()) backend_.upload(dst, v.data(), v.size() * 4);
+  };
+  up(s.tokens, batch.tokens);
+  up(s.positions, batch.positions);
+  up(s.cu_seqlens, batch.cu_seqlens);
+  up(s.context_lens, batch.context_lens);
+  up(s.slots, batch.state_slots);
+  up(s.block_tables, batch.block_tables);
+  up(s.logit_rows, batch.logit_rows);
+  s.seqs.n_seqs = n;
+  s.seqs.n_tokens = T;
+  s.seqs.cu_seqlens = s.cu_seqlens;
+  s.seqs.positions = s.positions;
+  s.seqs.max_seq_tokens = 0;
+  for (int i = 0; i < n; ++i) {
+    s.seqs.max_seq_tokens =
+        std::max(s.seqs.max_seq_tokens, batch.cu_seqlens[i + 1] - batch.cu_seqlens[i]);
+  }
+  s.paging.block_tables = s.block_tables;
+  s.paging.max_blocks_per_seq = batch.max_blocks_per_seq;
+  s.paging.context_lens = s.context_lens;
+  s.paging.max_context_len = 0;
+  for (int c : batch.context_lens) s.paging.max_context_len = std::max(s.paging.max_context_len, c);
+
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  backend_.embed(w_.embed, s.tokens, T, s.x);
+  int kv_i = 0, gdn_i = 0;
+  for (const LayerWeights& L : w_.layers) {
+    backend_.rmsnorm(s.x, L.input_norm.data, s.h, T, static_cast<int>(H), eps);
+    if (L.kind == LayerKind::kFullAttention) {
+      attention_block(L, kv_i++, caches, T);
+    } else {
+      gdn_block(L, gdn_i++, caches, T, batch.keep_step_states);
+    }
+    backend_.add(s.x, s.mix, T * H);
+    backend_.rmsnorm(s.x, L.post_norm.data, s.h, T, static_cast<int>(H), eps);
+    ffn_block(L.ffn, T);
+    backend_.add(s.x, s.ff_out, T * H);
+  }
+  if (R == 0) return;
+  backend_.gather_rows(s.x, static_cast<int>(H), s.logit_rows, R, s.sel);
+  backend_.rmsnorm(s.sel, w_.final_norm.data, s.sel, R, static_cast<int>(H), eps);
+  backend_.linear(s.sel, R, w_.lm_head, s.logits);
+  logits->resize(static_cast<size_t>(R) * cfg_.vocab_size);
+  backend_.download(logits->data(), s.logits, logits->size() * 4);
+  if (hidden != nullptr) {
+    hidden->resize(static_cast<size_t>(R) * H);
+    backend_.download(hidden->data(), s.sel, hidden->size() * 4);
+  }
+}
+
+void Model::attention_block(const LayerWeights& L, int kv_index, const CacheViews& caches, int T) {
+  Scratch& s = *s_;
+  const int Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const AttentionWeights& A = L.attn;
+  const int64_t QD = int64_t{Hq} * D;
+  if (cfg_.attn_output_gate) {
+    // q_proj rows per head: [query (D) | gate (D)].
+    backend_.linear(s.h, T, A.q_proj, s.qg);
+    backend_.copy_rows(s.qg, 2 * D, s.q, D, int64_t{T} * Hq, D);
+    backend_.copy_rows(s.qg + D, 2 * D, s.gate, D, int64_t{T} * Hq, D);
+  } else {
+    backend_.linear(s.h, T, A.q_proj, s.q);
+  }
+  backend_.linear(s.h, T, A.k_proj, s.k);
+  backend_.linear(s.h, T, A.v_proj, s.v);
+  backend_.rmsnorm(s.q, A.q_norm.data, s.q, int64_t{T} * Hq, D, eps);
+  backend_.rmsnorm(s.k, A.k_norm.data, s.k, int64_t{T} * Hkv, D, eps);
+  const float theta = static_cast<float>(cfg_.rope_theta);
+  backend_.rope(s.q, s.positions, T, Hq, D, QD, cfg_.rotary_dim, theta);
+  backend_.rope(s.k, s.positions, T, Hkv, D, int64_t{Hkv} * D, cfg_.rotary_dim, theta);
+  const KVLayerView& kv = caches.kv[kv_index];
+  backend_.kv_append(kv, s.paging, s.seqs, s.k, s.v);
+  backend_.attention(kv, s.paging, s.seqs, s.q, Hq, 1.0f / std::sqrt(static_cast<float>(D)), s.o);
+  if (cfg_.attn_output_gate) backend_.sigmoid_mul(s.o, s.gate, T * QD);
+  backend_.linear(s.o, T, A.o_proj, s.mix);
+}
+
+void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& caches, int T,
+                      bool keep_step_states) {
+  (void)keep_step_states;
+  Scratch& s = *s_;
+  const GDNWeights& G = L.gdn;
+  const int Hk = geo_.k_heads, Hv = geo_.v_heads, Dk = geo_.k_dim, Dv = geo_.v_dim;
+  const int C = geo_.conv_channels;
+  const int64_t HkDk = int64_t{Hk} * Dk, HvDv = int64_t{Hv} * Dv;
+  backend_.linear(s.h, T, G.in_proj_qkv, s.qkv);
+  backend_.linear(s.h, T, G.in_proj_z, s.z);
+  backend_.linear(s.h, T, G.in_proj_b, s.b);
+  backend_.linear(s.h, T, G.in_proj_a, s.a);
+  const GDNStateView& st = caches.gdn[gdn_index];
+  backend_.conv1d_silu(st, s.seqs, s.slots, s.qkv, G.conv.data, s.conv_out);
+  // conv_out rows: [q (Hk*Dk) | k (Hk*Dk) | v (Hv*Dv)].
+  backend_.copy_rows(s.conv_out, C, s.q, HkDk, T, HkDk);
+  backend_.copy_rows(s.conv_out + HkDk, C, s.k, HkDk, T, HkDk);
+  backend_.copy_rows(s.conv_out + 2 * HkDk, C, s.v, HvDv, T, HvDv);
+  backend_.l2norm(s.q, int64_t{T} * Hk, Dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(Dk)));
+  backend_.l2norm(s.k, int64_t{T} * Hk, Dk, 1e-6f, 1.0f);
+  backend_.gdn_gates(s.a, s.b, G.a_log.data, G.dt_bias.data, s.g, s.beta, T, Hv);
+  backend_.gated_delta_rule(st, s.seqs, s.slots, s.q, s.k, s.v, s.g, s.beta, s.o, nullptr);
+  backend_.rmsnorm_gated(s.o, s.z, G.norm.data, s.o2, int64_t{T} * Hv, Dv,
+                         static_cast<float>(cfg_.rms_norm_eps));
+  backend_.linear(s.o2, T, G.out_proj, s.mix);
+}
+
+void Model::ffn_block(const FFNWeights& f, int T) {
+  Scratch& s = *s_;
+  const int64_t H = cfg_.hidden_size;
+  if (!f.moe) {
+    const int64_t I = f.gate_proj.rows;
+    backend_.linear(s.h, T, f.gate_proj, s.ff_gate);
+    backend_.linear(s.h, T, f.up_proj, s.ff_up);
+    backend_.silu_mul(s.ff_gate, s.ff_up, s.ff_act, T * I);
+    backend_.linear(s.ff_act, T, f.down_proj, s.ff_out);
+    return;
+  }
+  const int E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
+  backend_.linear(s.h, T, f.router, s.router);
+  backend_.topk_softmax(s.router, T, E, K, cfg_.norm_topk_prob, s.topi, s.topw);
+  backend_.moe(s.h, T, K, s.topi, s.topw, f.experts_gate, f.experts_up, f.experts_down, s.ff_out,
+               s.moe_scratch);
+  if (f.has_shared) {
+    const int64_t I = f.gate_proj.rows;
+    backend_.linear(s.h, T, f.gate_proj, s.ff_gate);
+    backend_.linear(s.h, T, f.up_proj, s.ff_up);
+    backend_.silu_mul(s.ff_gate, s.ff_up, s.ff_act, T * I);
+    backend_.linear(s.ff_act, T, f.down_proj, s.mix);
+    backend_.linear(s.h, T, f.shared_gate, s.sg);
+    backend_.scale_rows_sigmoid(s.mix, s.sg, T, static_cast<int>(H));
+    backend_.add(s.ff_out, s.mix, T * H);
+  }
+}
+
+}  // namespace tokenmill
