@@ -1,0 +1,162 @@
+// RoPE, paged KV append and causal GQA attention over a paged KV cache.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_simd.h"
+#include "util/error.h"
+
+namespace tokenmill {
+namespace {
+
+// Keys scored per softmax tile: the running max and sum are rescaled once per tile.
+constexpr int kTile = 64;
+
+// Sequence index of each token row from cu_seqlens, written to seq_of[0..n_tokens).
+void map_tokens(const SeqLayout& seqs, std::vector<int32_t>& seq_of) {
+  seq_of.assign(static_cast<size_t>(seqs.n_tokens), -1);
+  for (int s = 0; s < seqs.n_seqs; ++s) {
+    TM_CHECK(
+        seqs.cu_seqlens[s] <= seqs.cu_seqlens[s + 1] && seqs.cu_seqlens[s + 1] <= seqs.n_tokens,
+        "cu_seqlens[{}..{}] = {}..{} with {} tokens", s, s + 1, seqs.cu_seqlens[s],
+        seqs.cu_seqlens[s + 1], seqs.n_tokens);
+    for (int t = seqs.cu_seqlens[s]; t < seqs.cu_seqlens[s + 1]; ++t)
+      seq_of[static_cast<size_t>(t)] = s;
+  }
+}
+
+// Cache row of position p of sequence s: [kv_heads, head_dim] floats.
+inline int64_t cache_row(const KVLayerView& kv, const KVPaging& pg, int s, int64_t p) {
+  const int64_t b = p / kv.block_size;
+  TM_CHECK(b < pg.max_blocks_per_seq, "position {} needs block {} of {} per sequence", p, b,
+           pg.max_blocks_per_seq);
+  const int32_t block = pg.block_tables[static_cast<int64_t>(s) * pg.max_blocks_per_seq + b];
+  TM_CHECK(block >= 0, "sequence {} has no block for position {}", s, p);
+  return (static_cast<int64_t>(block) * kv.block_size + p % kv.block_size) * kv.kv_heads;
+}
+
+}  // namespace
+
+void CpuBackend::rope(float* x, const int32_t* positions, int n_tokens, int heads, int head_dim,
+                      int64_t token_stride, int rot_dim, float theta) {
+  TM_CHECK(rot_dim % 2 == 0 && rot_dim <= head_dim && rot_dim <= 1024, "rot_dim {} head_dim {}",
+           rot_dim, head_dim);
+  const int half = rot_dim / 2;
+  // Frequencies and angles in F32 exactly as HF/vLLM compute them (inv_freq = 1/theta^(2i/rd),
+  // angle = pos * inv_freq), so large positions round the same way they do.
+  float inv_freq[512];
+  for (int i = 0; i < half; ++i) {
+    inv_freq[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(rot_dim));
+  }
+  pool_.run(
+      n_tokens,
+      [&](int64_t b, int64_t e, int) {
+        for (int64_t t = b; t < e; ++t) {
+          const float pos = static_cast<float>(positions[t]);
+          for (int i = 0; i < half; ++i) {
+            const float ang = pos * inv_freq[i];
+            const float c = std::cos(ang), s = std::sin(ang);
+            for (int h = 0; h < heads; ++h) {
+              float* xh = x + t * token_stride + static_cast<int64_t>(h) * head_dim;
+              const float x0 = xh[i], x1 = xh[i + half];
+              xh[i] = x0 * c - x1 * s;
+              xh[i + half] = x1 * c + x0 * s;
+            }
+          }
+        }
+      },
+      std::max(1, 4096 / std::max(1, heads * rot_dim)));
+}
+
+void CpuBackend::kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
+                           const float* k, const float* v) {
+  map_tokens(seqs, index_scratch_);
+  const int64_t row = static_cast<int64_t>(kv.kv_heads) * kv.head_dim;
+  pool_.run(
+      seqs.n_tokens,
+      [&](int64_t b, int64_t e, int) {
+        for (int64_t t = b; t < e; ++t) {
+          const int s = index_scratch_[static_cast<size_t>(t)];
+          TM_CHECK(s >= 0, "token {} belongs to no sequence", t);
+          const int64_t dst = cache_row(kv, paging, s, seqs.positions[t]) * kv.head_dim;
+          std::memcpy(kv.k + dst, k + t * row, static_cast<size_t>(row) * 4);
+          std::memcpy(kv.v + dst, v + t * row, static_cast<size_t>(row) * 4);
+        }
+      },
+      16);
+}
+
+void CpuBackend::attention(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
+                           const float* q, int heads, float scale, float* out) {
+  TM_CHECK(kv.kv_heads > 0 && heads % kv.kv_heads == 0, "{} query heads over {} kv heads", heads,
+           kv.kv_heads);
+  map_tokens(seqs, index_scratch_);
+  const int D = kv.head_dim, r = heads / kv.kv_heads;
+  // Per thread: accumulators [r, D], scores [r, kTile], running max and sum [r] each.
+  reserve_thread_scratch(static_cast<size_t>(r) * (D + kTile + 2));
+  cpu::with_isa(options_.scalar_kernels, [&](auto isa) {
+    using S = decltype(isa);
+    pool_.run(
+        static_cast<int64_t>(seqs.n_tokens) * kv.kv_heads,
+        [&](int64_t b, int64_t e, int worker) {
+          float* acc = thread_scratch(worker);
+          float* sc = acc + static_cast<int64_t>(r) * D;
+          float* mx = sc + static_cast<int64_t>(r) * kTile;
+          float* sum = mx + r;
+          for (int64_t item = b; item < e; ++item) {
+            const int64_t t = item / kv.kv_heads;
+            const int kvh = static_cast<int>(item % kv.kv_heads);
+            const int s = index_scratch_[static_cast<size_t>(t)];
+            TM_CHECK(s >= 0, "token {} belongs to no sequence", t);
+            const int64_t pos = seqs.positions[t];
+            TM_CHECK(pos >= 0 && pos < paging.context_lens[s],
+                     "query at position {} but sequence {} holds {} cached tokens", pos, s,
+                     paging.context_lens[s]);
+            const float* qh = q + (t * heads + static_cast<int64_t>(kvh) * r) * D;
+            std::fill(acc, acc + static_cast<int64_t>(r) * D, 0.0f);
+            for (int h = 0; h < r; ++h) {
+              mx[h] = -std::numeric_limits<float>::infinity();
+              sum[h] = 0.0f;
+            }
+            for (int64_t p0 = 0; p0 <= pos; p0 += kTile) {
+              const int n = static_cast<int>(std::min<int64_t>(kTile, pos + 1 - p0));
+              for (int j = 0; j < n; ++j) {
+                const float* kp = kv.k + (cache_row(kv, paging, s, p0 + j) + kvh) * D;
+                for (int h = 0; h < r; ++h)
+                  sc[h * kTile + j] = scale * cpu::dot<S>(qh + h * D, kp, D);
+              }
+              for (int h = 0; h < r; ++h) {
+                float* sh = sc + h * kTile;
+                float m = mx[h];
+                for (int j = 0; j < n; ++j) m = std::max(m, sh[j]);
+                const float c = std::exp(mx[h] - m);  // 0 on the first tile (mx = -inf)
+                if (c != 1.0f) {
+                  sum[h] *= c;
+                  for (int d = 0; d < D; ++d) acc[h * D + d] *= c;
+                }
+                mx[h] = m;
+                for (int j = 0; j < n; ++j) {
+                  sh[j] = std::exp(sh[j] - m);
+                  sum[h] += sh[j];
+                }
+              }
+              for (int j = 0; j < n; ++j) {
+                const float* vp = kv.v + (cache_row(kv, paging, s, p0 + j) + kvh) * D;
+                for (int h = 0; h < r; ++h)
+                  cpu::scale_axpy<S>(acc + h * D, 1.0f, sc[h * kTile + j], vp, D);
+              }
+            }
+            for (int h = 0; h < r; ++h) {
+              float* o = out + (t * heads + static_cast<int64_t>(kvh) * r + h) * D;
+              const float inv = 1.0f / sum[h];
+              for (int d = 0; d < D; ++d) o[d] = acc[h * D + d] * inv;
+            }
+          }
+        },
+        1);
+  });
+}
+
+}  // namespace tokenmill

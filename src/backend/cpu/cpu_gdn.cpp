@@ -1,0 +1,228 @@
+// Gated DeltaNet: causal depthwise conv + SiLU with per-slot state, and the gated delta rule in
+// its recurrent (per token) and chunked (chunk 64, MODEL-SPEC B) forms.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_simd.h"
+#include "util/error.h"
+
+namespace tokenmill {
+namespace {
+
+constexpr int kChunk = 64;
+constexpr int64_t kConvChannelBlock = 64;
+
+void check_seqs(const SeqLayout& seqs) {
+  for (int s = 0; s < seqs.n_seqs; ++s) {
+    TM_CHECK(
+        seqs.cu_seqlens[s] <= seqs.cu_seqlens[s + 1] && seqs.cu_seqlens[s + 1] <= seqs.n_tokens,
+        "cu_seqlens[{}..{}] = {}..{} with {} tokens", s, s + 1, seqs.cu_seqlens[s],
+        seqs.cu_seqlens[s + 1], seqs.n_tokens);
+  }
+}
+
+// Everything one (sequence, value head) pair of the delta rule reads and writes.
+struct HeadJob {
+  float* S;  // [Dk, Dv] state, updated in place
+  const float *q, *k, *v, *g, *beta;
+  float* out;
+  float* steps;  // [rows, Hv, Dk, Dv] slice of step_states for this head, or nullptr
+  int64_t t0, t1;
+  int64_t qk_stride, v_stride, gb_stride, steps_stride;  // per-token strides (floats)
+  int Dk, Dv;
+};
+
+// S = a S; delta = beta (v - S^T k); S += k delta^T; o = S^T q, one token at a time.
+template <class S_>
+void recurrent(const HeadJob& j, float* tmp) {
+  float* kS = tmp;
+  float* delta = tmp + j.Dv;
+  float* o = delta + j.Dv;
+  for (int64_t t = j.t0; t < j.t1; ++t) {
+    const float* qt = j.q + t * j.qk_stride;
+    const float* kt = j.k + t * j.qk_stride;
+    const float* vt = j.v + t * j.v_stride;
+    const float a = std::exp(j.g[t * j.gb_stride]), bt = j.beta[t * j.gb_stride];
+    std::fill(kS, kS + j.Dv, 0.0f);
+    for (int i = 0; i < j.Dk; ++i) {
+      float* row = j.S + static_cast<int64_t>(i) * j.Dv;
+      cpu::scale_axpy<S_>(row, a, 0.0f, row, j.Dv);
+      cpu::scale_axpy<S_>(kS, 1.0f, kt[i], row, j.Dv);
+    }
+    for (int d = 0; d < j.Dv; ++d) delta[d] = bt * (vt[d] - kS[d]);
+    std::fill(o, o + j.Dv, 0.0f);
+    for (int i = 0; i < j.Dk; ++i) {
+      float* row = j.S + static_cast<int64_t>(i) * j.Dv;
+      cpu::scale_axpy<S_>(row, 1.0f, kt[i], delta, j.Dv);
+      cpu::scale_axpy<S_>(o, 1.0f, qt[i], row, j.Dv);
+    }
+    std::memcpy(j.out + t * j.v_stride, o, static_cast<size_t>(j.Dv) * 4);
+    if (j.steps) {
+      std::memcpy(j.steps + (t - j.t0) * j.steps_stride, j.S, static_cast<size_t>(j.Dk) * j.Dv * 4);
+    }
+  }
+}
+
+size_t chunked_scratch_floats(int Dv) {
+  return static_cast<size_t>(kChunk) * kChunk + static_cast<size_t>(kChunk) * (Dv + 2) + Dv;
+}
+
+// Chunked form over chunks of kChunk tokens; with G_r the in-chunk cumulative log decay:
+//   A_rs = beta_r (k_r.k_s) e^(G_r-G_s) (s < r);  U = (I+A)^-1 beta V;  W = (I+A)^-1 beta e^G K
+//   V' = U - W S (solved as one triangular system);  O_r = e^G_r q_r^T S + sum_{s<=r} (q_r.k_s)
+//   e^(G_r-G_s) V'_s S <- e^G_L S + sum_r e^(G_L-G_r) k_r V'_r^T
+template <class S_>
+void chunked(const HeadJob& j, float* tmp) {
+  const int Dk = j.Dk, Dv = j.Dv;
+  float* A = tmp;                                    // [C, C]
+  float* U = A + kChunk * kChunk;                    // [C, Dv], becomes V'
+  float* G = U + static_cast<int64_t>(kChunk) * Dv;  // [C]
+  float* eG = G + kChunk;                            // [C]
+  float* qs = eG + kChunk;                           // [Dv]
+  for (int64_t c0 = j.t0; c0 < j.t1; c0 += kChunk) {
+    const int L = static_cast<int>(std::min<int64_t>(kChunk, j.t1 - c0));
+    auto kr = [&](int r) { return j.k + (c0 + r) * j.qk_stride; };
+    auto qr = [&](int r) { return j.q + (c0 + r) * j.qk_stride; };
+    double cum = 0.0;
+    for (int r = 0; r < L; ++r) {
+      cum += j.g[(c0 + r) * j.gb_stride];
+      G[r] = static_cast<float>(cum);
+      eG[r] = std::exp(G[r]);
+    }
+    for (int r = 0; r < L; ++r) {
+      const float br = j.beta[(c0 + r) * j.gb_stride];
+      for (int s = 0; s < r; ++s) {
+        A[r * kChunk + s] = br * cpu::dot<S_>(kr(r), kr(s), Dk) * std::exp(G[r] - G[s]);
+      }
+      // Forward substitution on the combined right-hand side (U - W S is linear in both):
+      // V'_r = beta_r (v_r - e^G_r S^T k_r) - sum_{s<r} A_rs V'_s.
+      float* ur = U + static_cast<int64_t>(r) * Dv;
+      const float* vr = j.v + (c0 + r) * j.v_stride;
+      const float* kk = kr(r);
+      std::fill(qs, qs + Dv, 0.0f);
+      for (int i = 0; i < Dk; ++i) {
+        cpu::scale_axpy<S_>(qs, 1.0f, kk[i], j.S + static_cast<int64_t>(i) * Dv, Dv);
+      }
+      for (int d = 0; d < Dv; ++d) ur[d] = br * (vr[d] - eG[r] * qs[d]);
+      for (int s = 0; s < r; ++s) {
+        cpu::scale_axpy<S_>(ur, 1.0f, -A[r * kChunk + s], U + static_cast<int64_t>(s) * Dv, Dv);
+      }
+    }
+    for (int r = 0; r < L; ++r) {
+      float* o = j.out + (c0 + r) * j.v_stride;
+      const float* qq = qr(r);
+      std::fill(qs, qs + Dv, 0.0f);
+      for (int i = 0; i < Dk; ++i) {
+        cpu::scale_axpy<S_>(qs, 1.0f, qq[i], j.S + static_cast<int64_t>(i) * Dv, Dv);
+      }
+      for (int d = 0; d < Dv; ++d) o[d] = eG[r] * qs[d];
+      for (int s = 0; s <= r; ++s) {
+        const float w = cpu::dot<S_>(qq, kr(s), Dk) * std::exp(G[r] - G[s]);
+        cpu::scale_axpy<S_>(o, 1.0f, w, U + static_cast<int64_t>(s) * Dv, Dv);
+      }
+    }
+    const float eL = eG[L - 1];
+    for (int i = 0; i < Dk; ++i) {
+      float* row = j.S + static_cast<int64_t>(i) * Dv;
+      cpu::scale_axpy<S_>(row, eL, 0.0f, row, Dv);
+    }
+    for (int r = 0; r < L; ++r) {
+      const float f = std::exp(G[L - 1] - G[r]);
+      const float* kk = kr(r);
+      const float* vp = U + static_cast<int64_t>(r) * Dv;
+      for (int i = 0; i < Dk; ++i) {
+        cpu::scale_axpy<S_>(j.S + static_cast<int64_t>(i) * Dv, 1.0f, f * kk[i], vp, Dv);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::conv1d_silu(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
+                             const float* x, const float* weight, float* out) {
+  TM_CHECK(x != out, "conv1d_silu cannot run in place");
+  TM_CHECK(st.kernel >= 2 && st.kernel <= 16, "conv kernel {}", st.kernel);
+  check_seqs(seqs);
+  const int64_t C = st.channels;
+  const int K = st.kernel, Km1 = K - 1;
+  const int64_t blocks = (C + kConvChannelBlock - 1) / kConvChannelBlock;
+  pool_.run(
+      static_cast<int64_t>(seqs.n_seqs) * blocks,
+      [&](int64_t b, int64_t e, int) {
+        for (int64_t item = b; item < e; ++item) {
+          const int s = static_cast<int>(item / blocks);
+          const int64_t c0 = (item % blocks) * kConvChannelBlock;
+          const int64_t c1 = std::min(C, c0 + kConvChannelBlock);
+          const int64_t t0 = seqs.cu_seqlens[s], L = seqs.cu_seqlens[s + 1] - t0;
+          if (L == 0) continue;
+          float* state = st.conv + static_cast<int64_t>(slots[s]) * C * Km1;
+          for (int64_t c = c0; c < c1; ++c) {
+            float* sc = state + c * Km1;
+            const float* w = weight + c * K;
+            // Input j of the sequence (j < 0: from the state, oldest first).
+            auto u = [&](int64_t jj) { return jj < 0 ? sc[Km1 + jj] : x[(t0 + jj) * C + c]; };
+            float next[16];
+            for (int i = 0; i < Km1; ++i) next[i] = u(L - Km1 + i);
+            for (int64_t t = 0; t < L; ++t) {
+              float acc = 0.0f;
+              for (int i = 0; i < K; ++i) acc += w[i] * u(t - Km1 + i);
+              out[(t0 + t) * C + c] = cpu::silu(acc);
+            }
+            std::memcpy(sc, next, static_cast<size_t>(Km1) * 4);
+          }
+        }
+      },
+      1);
+}
+
+void CpuBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs,
+                                  const int32_t* slots, const float* q, const float* k,
+                                  const float* v, const float* g, const float* beta, float* out,
+                                  float* step_states) {
+  TM_CHECK(st.k_heads > 0 && st.v_heads % st.k_heads == 0, "{} value heads over {} key heads",
+           st.v_heads, st.k_heads);
+  check_seqs(seqs);
+  const int Hv = st.v_heads, Hk = st.k_heads, Dk = st.k_dim, Dv = st.v_dim, ratio = Hv / Hk;
+  const int64_t state_size = static_cast<int64_t>(Dk) * Dv;
+  reserve_thread_scratch(std::max(chunked_scratch_floats(Dv), static_cast<size_t>(3 * Dv)));
+  cpu::with_isa(options_.scalar_kernels, [&](auto isa) {
+    using S = decltype(isa);
+    pool_.run(
+        static_cast<int64_t>(seqs.n_seqs) * Hv,
+        [&](int64_t b, int64_t e, int worker) {
+          for (int64_t item = b; item < e; ++item) {
+            const int s = static_cast<int>(item / Hv), h = static_cast<int>(item % Hv);
+            const int kh = h / ratio;
+            HeadJob j;
+            j.S = st.ssm + (static_cast<int64_t>(slots[s]) * Hv + h) * state_size;
+            j.t0 = seqs.cu_seqlens[s];
+            j.t1 = seqs.cu_seqlens[s + 1];
+            j.Dk = Dk;
+            j.Dv = Dv;
+            j.qk_stride = static_cast<int64_t>(Hk) * Dk;
+            j.v_stride = static_cast<int64_t>(Hv) * Dv;
+            j.gb_stride = Hv;
+            j.q = q + static_cast<int64_t>(kh) * Dk;
+            j.k = k + static_cast<int64_t>(kh) * Dk;
+            j.v = v + static_cast<int64_t>(h) * Dv;
+            j.g = g + h;
+            j.beta = beta + h;
+            j.out = out + static_cast<int64_t>(h) * Dv;
+            j.steps_stride = Hv * state_size;
+            j.steps = step_states ? step_states + (j.t0 * Hv + h) * state_size : nullptr;
+            const bool use_chunks = !step_states && j.t1 - j.t0 >= gdn_chunk_threshold_;
+            if (use_chunks) {
+              chunked<S>(j, thread_scratch(worker));
+            } else {
+              recurrent<S>(j, thread_scratch(worker));
+            }
+          }
+        },
+        1);
+  });
+}
+
+}  // namespace tokenmill

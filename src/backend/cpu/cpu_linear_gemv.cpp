@@ -1,0 +1,291 @@
+// Fused dequantize-dot GEMV for n <= 8 activation rows: every weight row is streamed from
+// memory once and dotted with all n rows while it is in registers (decode is bound by weight
+// bandwidth, so the n-fold reuse is free).
+//
+// Affine weights use y = sum_g s_g * dot(q_g, x_g) + b_g * sum(x_g): the integer codes are
+// converted to float and dotted with x per group, then scaled once per group; the bias term
+// uses per-group sums of x computed once per call. For 2/4/8 bits the codes are unpacked by
+// bit planes (SIMD and/shift of widened bytes), which yields them in a permuted order; x is
+// permuted the same way once per call (gemv_prepare), so the dot product is unchanged.
+#include <algorithm>
+#include <type_traits>
+
+#include "backend/cpu/cpu_linear.h"
+#include "backend/cpu/cpu_simd.h"
+#include "tensor/affine.h"
+#include "util/error.h"
+
+namespace tokenmill::cpu {
+namespace {
+
+template <int P>
+using IC = std::integral_constant<int, P>;
+
+// Scales and biases are converted to F32 for kSbChunk groups of a row at a time, outside the
+// dot-product loop (keeps the dtype switch and the f16 conversion call out of it).
+constexpr int64_t kSbChunk = 64;
+void load_row_sb(const MatView& m, int64_t r, int64_t g0, float* s, float* b) {
+  const int64_t n = std::min(kSbChunk, m.groups - g0), base = r * m.groups + g0;
+  if (m.scale_dtype == DType::BF16) {
+    for (int64_t i = 0; i < n; ++i) {
+      s[i] = load_sb(DType::BF16, m.scales, base + i);
+      b[i] = load_sb(DType::BF16, m.biases, base + i);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    s[i] = load_sb(m.scale_dtype, m.scales, base + i);
+    b[i] = load_sb(m.scale_dtype, m.biases, base + i);
+  }
+}
+
+// Whether the bit-plane kernel applies: bits 2/4/8 and a group's bytes a whole number of
+// vector-widths of bytes (otherwise the generic unpack path runs).
+template <class S>
+bool use_planes(const MatView& m) {
+  if (m.bits != 2 && m.bits != 4 && m.bits != 8) return false;
+  return (m.group * m.bits / 8) % S::W == 0;
+}
+
+// Position of element j (within its group) in the plane order: byte c*W + l of the group
+// holds elements (c*W + l)*P + p for planes p < P; plane p of byte chunk c lands at
+// (c*P + p)*W + l.
+template <class S>
+int64_t plane_pos(int64_t j, int bits) {
+  const int64_t P = 8 / bits, W = S::W;
+  const int64_t byte = j / P, p = j % P, c = byte / W, l = byte % W;
+  return (c * P + p) * W + l;
+}
+
+template <class S>
+void prepare(const MatView& m, const float* x, int64_t ldx, int64_t n, float* prep) {
+  const int64_t cols = m.cols, G = m.group, stride = cols + m.groups;
+  const bool planes = use_planes<S>(m);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * ldx;
+    float* xp = prep + i * stride;
+    float* xs = xp + cols;
+    for (int64_t g = 0; g < m.groups; ++g) {
+      double sum = 0.0;
+      for (int64_t j = 0; j < G; ++j) {
+        const float v = xi[g * G + j];
+        sum += v;
+        xp[g * G + (planes ? plane_pos<S>(j, m.bits) : j)] = v;
+      }
+      xs[g] = static_cast<float>(sum);
+    }
+  }
+}
+
+template <class S, int BITS, int N>
+void affine_planes(const MatView& m, const float* prep, float* out, int64_t ldo, int64_t r0,
+                   int64_t r1) {
+  using V = typename S::V;
+  constexpr int W = S::W, P = 8 / BITS;
+  constexpr uint32_t MASK = (1u << BITS) - 1u;
+  const int64_t G = m.group, groups = m.groups, cols = m.cols, stride = cols + groups;
+  const int64_t chunks = G * BITS / 8 / W, group_bytes = G * BITS / 8;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* wb = m.data + r * m.row_bytes;
+    float sbuf[kSbChunk], bbuf[kSbChunk];
+    V acc[N];
+    float bsum[N];
+    TM_UNROLL
+    for (int i = 0; i < N; ++i) acc[i] = S::zero(), bsum[i] = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+      if (g % kSbChunk == 0) load_row_sb(m, r, g, sbuf, bbuf);
+      const float s = sbuf[g % kSbChunk], b = bbuf[g % kSbChunk];
+      const uint8_t* gb = wb + g * group_bytes;
+      const float* xg = prep + g * G;
+      V gacc[N];
+      TM_UNROLL
+      for (int i = 0; i < N; ++i) gacc[i] = S::zero();
+      for (int64_t c = 0; c < chunks; ++c) {
+        const typename S::I v = S::load_u8(gb + c * W);
+        auto plane = [&](auto pc) {
+          constexpr int p = decltype(pc)::value;
+          const V q = S::template plane<p * BITS, MASK>(v);
+          const int64_t off = (c * P + p) * W;
+          TM_UNROLL
+          for (int i = 0; i < N; ++i) gacc[i] = S::fma(q, S::load(xg + i * stride + off), gacc[i]);
+        };
+        plane(IC<0>{});
+        if constexpr (P > 1) plane(IC<1>{});
+        if constexpr (P > 2) {
+          plane(IC<2>{});
+          plane(IC<3>{});
+        }
+      }
+      const V vs = S::set1(s);
+      TM_UNROLL
+      for (int i = 0; i < N; ++i) {
+        acc[i] = S::fma(vs, gacc[i], acc[i]);
+        bsum[i] += b * prep[i * stride + cols + g];
+      }
+    }
+    TM_UNROLL
+    for (int i = 0; i < N; ++i) out[i * ldo + r] = S::reduce(acc[i]) + bsum[i];
+  }
+}
+
+// Any bit width: unpack each group to bytes (natural order), then the same per-group dot.
+template <class S, int N>
+void affine_generic(const MatView& m, const float* prep, float* out, int64_t ldo, int64_t r0,
+                    int64_t r1) {
+  using V = typename S::V;
+  constexpr int W = S::W;
+  const int64_t G = m.group, groups = m.groups, cols = m.cols, stride = cols + groups;
+  alignas(64) uint8_t q[128];
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* wb = m.data + r * m.row_bytes;
+    float sbuf[kSbChunk], bbuf[kSbChunk];
+    V acc[N];
+    float bsum[N];
+    TM_UNROLL
+    for (int i = 0; i < N; ++i) acc[i] = S::zero(), bsum[i] = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+      unpack_group(m, wb, g, q);
+      if (g % kSbChunk == 0) load_row_sb(m, r, g, sbuf, bbuf);
+      const float s = sbuf[g % kSbChunk], b = bbuf[g % kSbChunk];
+      const float* xg = prep + g * G;
+      V gacc[N];
+      TM_UNROLL
+      for (int i = 0; i < N; ++i) gacc[i] = S::zero();
+      for (int64_t c = 0; c < G; c += W) {
+        const V qv = S::template plane<0, 0xffu>(S::load_u8(q + c));
+        TM_UNROLL
+        for (int i = 0; i < N; ++i) gacc[i] = S::fma(qv, S::load(xg + i * stride + c), gacc[i]);
+      }
+      const V vs = S::set1(s);
+      TM_UNROLL
+      for (int i = 0; i < N; ++i) {
+        acc[i] = S::fma(vs, gacc[i], acc[i]);
+        bsum[i] += b * prep[i * stride + cols + g];
+      }
+    }
+    TM_UNROLL
+    for (int i = 0; i < N; ++i) out[i * ldo + r] = S::reduce(acc[i]) + bsum[i];
+  }
+}
+
+template <class S, DType T>
+typename S::V load_w(const uint8_t* p, int64_t k) {
+  if constexpr (T == DType::F32) return S::load(reinterpret_cast<const float*>(p) + k);
+  if constexpr (T == DType::BF16) return S::load_bf16(reinterpret_cast<const uint16_t*>(p) + k);
+  if constexpr (T == DType::F16) return S::load_f16(reinterpret_cast<const uint16_t*>(p) + k);
+}
+
+template <DType T>
+float load_w1(const uint8_t* p, int64_t k) {
+  if constexpr (T == DType::F32) return reinterpret_cast<const float*>(p)[k];
+  if constexpr (T == DType::BF16) return bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[k]);
+  if constexpr (T == DType::F16) return f16_to_f32(reinterpret_cast<const uint16_t*>(p)[k]);
+}
+
+// Float weights: U independent accumulators per activation row hide the FMA latency.
+template <class S, DType T, int N>
+void float_rows(const MatView& m, const float* x, int64_t ldx, float* out, int64_t ldo, int64_t r0,
+                int64_t r1) {
+  using V = typename S::V;
+  constexpr int W = S::W;
+  constexpr int U = N == 1 ? 4 : (N <= 3 ? 2 : 1);
+  const int64_t cols = m.cols;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* wr = m.data + r * m.row_bytes;
+    V acc[N][U];
+    TM_UNROLL
+    for (int i = 0; i < N; ++i) TM_UNROLL
+    for (int u = 0; u < U; ++u) acc[i][u] = S::zero();
+    int64_t k = 0;
+    for (; k + U * W <= cols; k += U * W) {
+      TM_UNROLL
+      for (int u = 0; u < U; ++u) {
+        const V w = load_w<S, T>(wr, k + u * W);
+        TM_UNROLL
+        for (int i = 0; i < N; ++i)
+          acc[i][u] = S::fma(w, S::load(x + i * ldx + k + u * W), acc[i][u]);
+      }
+    }
+    for (; k + W <= cols; k += W) {
+      const V w = load_w<S, T>(wr, k);
+      TM_UNROLL
+      for (int i = 0; i < N; ++i) acc[i][0] = S::fma(w, S::load(x + i * ldx + k), acc[i][0]);
+    }
+    TM_UNROLL
+    for (int i = 0; i < N; ++i) {
+      V a = acc[i][0];
+      TM_UNROLL
+      for (int u = 1; u < U; ++u) a = S::add(a, acc[i][u]);
+      float s = S::reduce(a);
+      for (int64_t kk = k; kk < cols; ++kk) s += load_w1<T>(wr, kk) * x[i * ldx + kk];
+      out[i * ldo + r] = s;
+    }
+  }
+}
+
+template <class S, int N>
+void rows_n(const MatView& m, const float* x, int64_t ldx, const float* prep, float* out,
+            int64_t ldo, int64_t r0, int64_t r1) {
+  if (m.bits == 0) {
+    switch (m.dtype) {
+      case DType::F32:
+        return float_rows<S, DType::F32, N>(m, x, ldx, out, ldo, r0, r1);
+      case DType::BF16:
+        return float_rows<S, DType::BF16, N>(m, x, ldx, out, ldo, r0, r1);
+      default:
+        return float_rows<S, DType::F16, N>(m, x, ldx, out, ldo, r0, r1);
+    }
+  }
+  if (use_planes<S>(m)) {
+    if (m.bits == 4) return affine_planes<S, 4, N>(m, prep, out, ldo, r0, r1);
+    if (m.bits == 8) return affine_planes<S, 8, N>(m, prep, out, ldo, r0, r1);
+    return affine_planes<S, 2, N>(m, prep, out, ldo, r0, r1);
+  }
+  affine_generic<S, N>(m, prep, out, ldo, r0, r1);
+}
+
+template <class S>
+void rows(const MatView& m, const float* x, int64_t ldx, const float* prep, int64_t n, float* out,
+          int64_t ldo, int64_t r0, int64_t r1) {
+  switch (n) {
+    case 1:
+      return rows_n<S, 1>(m, x, ldx, prep, out, ldo, r0, r1);
+    case 2:
+      return rows_n<S, 2>(m, x, ldx, prep, out, ldo, r0, r1);
+    case 3:
+      return rows_n<S, 3>(m, x, ldx, prep, out, ldo, r0, r1);
+    case 4:
+      return rows_n<S, 4>(m, x, ldx, prep, out, ldo, r0, r1);
+    case 5:
+      return rows_n<S, 5>(m, x, ldx, prep, out, ldo, r0, r1);
+    case 6:
+      return rows_n<S, 6>(m, x, ldx, prep, out, ldo, r0, r1);
+    case 7:
+      return rows_n<S, 7>(m, x, ldx, prep, out, ldo, r0, r1);
+    case 8:
+      return rows_n<S, 8>(m, x, ldx, prep, out, ldo, r0, r1);
+    default:
+      TM_CHECK(false, "gemv with {} rows (at most 8)", n);
+  }
+}
+
+}  // namespace
+
+size_t gemv_prep_floats(const MatView& m, int64_t n) {
+  return m.bits == 0 ? 0 : static_cast<size_t>(n * (m.cols + m.groups));
+}
+
+void gemv_prepare(bool scalar, const MatView& m, const float* x, int64_t ldx, int64_t n,
+                  float* prep) {
+  if (m.bits == 0) return;
+  if (scalar) return prepare<ScalarIsa>(m, x, ldx, n, prep);
+  prepare<BestIsa>(m, x, ldx, n, prep);
+}
+
+void gemv_rows(bool scalar, const MatView& m, const float* x, int64_t ldx, const float* prep,
+               int64_t n, float* out, int64_t ldo, int64_t r0, int64_t r1) {
+  if (scalar) return rows<ScalarIsa>(m, x, ldx, prep, n, out, ldo, r0, r1);
+  rows<BestIsa>(m, x, ldx, prep, n, out, ldo, r0, r1);
+}
+
+}  // namespace tokenmill::cpu

@@ -1,0 +1,99 @@
+// Normalisations and elementwise ops against double-precision formulas (1e-5 relative: one F32
+// reduction of <= 300 terms and a few roundings per element).
+#include "cpu_test_util.h"
+
+namespace tokenmill {
+namespace {
+
+using test::Backends;
+using test::Rng;
+
+TEST(CpuElementwise, RmsnormPlainGatedAndL2) {
+  Backends b;
+  Rng rng(40);
+  for (int dim : {1, 17, 256, 300}) {
+    const int rows = 5;
+    std::vector<float> x = rng.normals(rows * dim, 3.0f), z = rng.normals(rows * dim);
+    std::vector<float> w = rng.normals(dim);
+    for (CpuBackend* be : b.all()) {
+      std::vector<float> out(x.size()), inplace = x, gated(x.size()), l2 = x;
+      be->rmsnorm(x.data(), w.data(), out.data(), rows, dim, 1e-6f);
+      be->rmsnorm(inplace.data(), w.data(), inplace.data(), rows, dim, 1e-6f);
+      be->rmsnorm_gated(x.data(), z.data(), w.data(), gated.data(), rows, dim, 1e-6f);
+      be->l2norm(l2.data(), rows, dim, 1e-6f, 0.25f);
+      for (int r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int j = 0; j < dim; ++j) ss += static_cast<double>(x[r * dim + j]) * x[r * dim + j];
+        const double inv = 1.0 / std::sqrt(ss / dim + 1e-6), l2f = 0.25 / std::sqrt(ss + 1e-6);
+        for (int j = 0; j < dim; ++j) {
+          const int i = r * dim + j;
+          const double ref = x[i] * inv * w[j];
+          ASSERT_NEAR(out[i], ref, 1e-5 * (1 + std::fabs(ref))) << be->isa() << " dim " << dim;
+          ASSERT_EQ(inplace[i], out[i]) << "out may alias x";
+          const double rg = w[j] * x[i] * inv * test::silu_d(z[i]);
+          ASSERT_NEAR(gated[i], rg, 1e-5 * (1 + std::fabs(rg)));
+          ASSERT_NEAR(l2[i], x[i] * l2f, 1e-5 * (1 + std::fabs(x[i] * l2f)));
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuElementwise, ActivationsAndRowOps) {
+  Backends b;
+  Rng rng(41);
+  const int64_t n = 40000;  // above the parallel grain
+  std::vector<float> a = rng.normals(n, 4.0f), c = rng.normals(n, 4.0f);
+  a[0] = -100.0f;  // exp overflow side of silu/sigmoid
+  for (CpuBackend* be : b.all()) {
+    std::vector<float> s(n), x = a, y = a;
+    be->silu_mul(a.data(), c.data(), s.data(), n);
+    be->add(x.data(), c.data(), n);
+    be->sigmoid_mul(y.data(), c.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(s[i], test::silu_d(a[i]) * c[i], 1e-5 * (1 + std::fabs(s[i])));
+      ASSERT_EQ(x[i], a[i] + c[i]);
+      ASSERT_NEAR(y[i], a[i] * test::sigmoid_d(c[i]), 1e-5 * (1 + std::fabs(y[i])));
+    }
+    const int rows = 7, dim = 33;
+    std::vector<float> m = rng.normals(rows * dim), gate = rng.normals(rows), sr = m;
+    be->scale_rows_sigmoid(sr.data(), gate.data(), rows, dim);
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < dim; ++j)
+        ASSERT_NEAR(sr[r * dim + j], m[r * dim + j] * test::sigmoid_d(gate[r]), 1e-6);
+    // copy_rows between strided layouts, gather_rows by index.
+    std::vector<float> dst(rows * 40, -1.0f);
+    be->copy_rows(m.data(), dim, dst.data(), 40, rows, 20);
+    for (int r = 0; r < rows; ++r) {
+      for (int j = 0; j < 20; ++j) ASSERT_EQ(dst[r * 40 + j], m[r * dim + j]);
+      for (int j = 20; j < 40; ++j) ASSERT_EQ(dst[r * 40 + j], -1.0f);
+    }
+    const std::vector<int32_t> pick = {6, 0, 6, 3};
+    std::vector<float> gathered(4 * dim);
+    be->gather_rows(m.data(), dim, pick.data(), 4, gathered.data());
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < dim; ++j) ASSERT_EQ(gathered[i * dim + j], m[pick[i] * dim + j]);
+  }
+}
+
+TEST(CpuElementwise, MemoryOps) {
+  Backends b;
+  CpuBackend& be = *b.simd;
+  float* p = static_cast<float*>(be.alloc(100 * 4));
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+  std::vector<float> src(100, 2.5f), back(100, 0.0f);
+  be.upload(p, src.data(), 400);
+  be.download(back.data(), p, 400);
+  EXPECT_EQ(back, src);
+  be.fill_zero(p, 400);
+  be.download(back.data(), p, 400);
+  EXPECT_EQ(back, std::vector<float>(100, 0.0f));
+  be.free(p);
+  Weight w;
+  w.data = src.data();
+  EXPECT_EQ(be.upload_weight(w).data, src.data()) << "host weights are used in place";
+  EXPECT_THROW(be.alloc(size_t{1} << 62), Error);
+}
+
+}  // namespace
+}  // namespace tokenmill
