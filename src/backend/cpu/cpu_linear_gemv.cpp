@@ -57,9 +57,37 @@ int64_t plane_pos(int64_t j, int bits) {
   return (c * P + p) * W + l;
 }
 
+// 4-bit on AVX-512 with rows of whole 64-byte blocks: one load gives 16 dwords of 8 nibbles;
+// nibble k of dword l is element 8l + k of the 128-element block (see affine4_blocks).
+template <class S>
+bool use_nibble_blocks(const MatView& m) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  return std::is_same_v<S, Avx512Isa> && m.bits == 4 && m.cols % 128 == 0;
+#else
+  (void)m;
+  return false;
+#endif
+}
+
 template <class S>
 void prepare(const MatView& m, const float* x, int64_t ldx, int64_t n, float* prep) {
   const int64_t cols = m.cols, G = m.group, stride = cols + m.groups;
+  if (use_nibble_blocks<S>(m)) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float* xi = x + i * ldx;
+      float* xp = prep + i * stride;
+      for (int64_t blk = 0; blk < cols; blk += 128) {
+        for (int k = 0; k < 8; ++k)
+          for (int l = 0; l < 16; ++l) xp[blk + k * 16 + l] = xi[blk + 8 * l + k];
+      }
+      for (int64_t g = 0; g < m.groups; ++g) {
+        double sum = 0.0;
+        for (int64_t j = 0; j < G; ++j) sum += xi[g * G + j];
+        xp[cols + g] = static_cast<float>(sum);
+      }
+    }
+    return;
+  }
   const bool planes = use_planes<S>(m);
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * ldx;
@@ -168,6 +196,137 @@ void affine_generic(const MatView& m, const float* prep, float* out, int64_t ldo
   }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
+// Odd bit widths (3, 5, 6) on AVX-512 VBMI: 16 consecutive codes span 2*BITS bytes; one byte
+// permute puts the 4 bytes holding code l into dword lane l, a per-lane variable shift and a
+// mask extract it. The load is masked to exactly those bytes (never reads past the row).
+template <int BITS>
+struct OddUnpack {
+  __m512i idx, shift, mask;
+  OddUnpack() {
+    alignas(64) uint8_t ib[64];
+    alignas(64) uint32_t sh[16];
+    for (int l = 0; l < 16; ++l) {
+      const int bit = l * BITS;
+      for (int b = 0; b < 4; ++b) ib[4 * l + b] = static_cast<uint8_t>(std::min(bit / 8 + b, 63));
+      sh[l] = static_cast<uint32_t>(bit % 8);
+    }
+    idx = _mm512_load_si512(ib);
+    shift = _mm512_load_si512(sh);
+    mask = _mm512_set1_epi32((1 << BITS) - 1);
+  }
+  __m512 operator()(const uint8_t* p) const {
+    const __m512i src = _mm512_maskz_loadu_epi8((uint64_t{1} << (2 * BITS)) - 1, p);
+    const __m512i d = _mm512_srlv_epi32(_mm512_permutexvar_epi8(idx, src), shift);
+    return _mm512_cvtepi32_ps(_mm512_and_si512(d, mask));
+  }
+};
+
+template <int BITS, int N>
+void affine_odd_vbmi(const MatView& m, const float* prep, float* out, int64_t ldo, int64_t r0,
+                     int64_t r1) {
+  using S = Avx512Isa;
+  using V = S::V;
+  const OddUnpack<BITS> unpack;
+  const int64_t G = m.group, groups = m.groups, cols = m.cols, stride = cols + groups;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* wb = m.data + r * m.row_bytes;
+    float sbuf[kSbChunk], bbuf[kSbChunk];
+    V acc[N];
+    float bsum[N];
+    TM_UNROLL
+    for (int i = 0; i < N; ++i) acc[i] = S::zero(), bsum[i] = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+      if (g % kSbChunk == 0) load_row_sb(m, r, g, sbuf, bbuf);
+      const float s = sbuf[g % kSbChunk], b = bbuf[g % kSbChunk];
+      const uint8_t* gb = wb + g * G * BITS / 8;
+      const float* xg = prep + g * G;
+      V gacc[N];
+      TM_UNROLL
+      for (int i = 0; i < N; ++i) gacc[i] = S::zero();
+      for (int64_t c = 0; c < G; c += 16) {
+        const V qv = unpack(gb + c / 16 * 2 * BITS);
+        TM_UNROLL
+        for (int i = 0; i < N; ++i) gacc[i] = S::fma(qv, S::load(xg + i * stride + c), gacc[i]);
+      }
+      const V vs = S::set1(s);
+      TM_UNROLL
+      for (int i = 0; i < N; ++i) {
+        acc[i] = S::fma(vs, gacc[i], acc[i]);
+        bsum[i] += b * prep[i * stride + cols + g];
+      }
+    }
+    TM_UNROLL
+    for (int i = 0; i < N; ++i) out[i * ldo + r] = S::reduce(acc[i]) + bsum[i];
+  }
+}
+#define TM_HAVE_ODD_VBMI 1
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// 4-bit, 128 elements (64 bytes) per step: nibble plane k = (dwords >> 4k) looked up in a
+// 16-entry float table by vpermps (which reads only the low 4 bits of each index: no mask, no
+// int->float conversion). Lane l belongs to group 8l/G, so the per-group scale is applied as a
+// lane vector once per block.
+template <int N>
+void affine4_blocks(const MatView& m, const float* prep, float* out, int64_t ldo, int64_t r0,
+                    int64_t r1) {
+  using S = Avx512Isa;
+  using V = S::V;
+  const int64_t G = m.group, groups = m.groups, cols = m.cols, stride = cols + groups;
+  const int64_t gpb = 128 / G;  // groups per block: 1, 2 or 4
+  const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  alignas(64) int32_t gi[16];
+  for (int l = 0; l < 16; ++l) gi[l] = static_cast<int32_t>(8 * l / G);
+  const __m512i gidx = _mm512_load_si512(gi);
+  const __mmask16 smask = static_cast<__mmask16>((1u << gpb) - 1);
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* wb = m.data + r * m.row_bytes;
+    float sbuf[kSbChunk], bbuf[kSbChunk];
+    V acc[N];
+    float bsum[N];
+    TM_UNROLL
+    for (int i = 0; i < N; ++i) acc[i] = S::zero(), bsum[i] = 0.0f;
+    for (int64_t blk = 0; blk < cols; blk += 128) {
+      const int64_t g0 = blk / G;
+      if (g0 % kSbChunk == 0) load_row_sb(m, r, g0, sbuf, bbuf);
+      const int64_t gs = g0 % kSbChunk;
+      const V vs = _mm512_permutexvar_ps(gidx, _mm512_maskz_loadu_ps(smask, sbuf + gs));
+      const __m512i w = _mm512_loadu_si512(wb + blk / 2);
+      const float* xb = prep + blk;
+      V ga[N], gb[N];
+      TM_UNROLL
+      for (int i = 0; i < N; ++i) {
+        ga[i] = S::mul(_mm512_permutexvar_ps(w, table), S::load(xb + i * stride));
+        gb[i] = S::mul(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 4), table),
+                       S::load(xb + i * stride + 16));
+      }
+      auto plane2 = [&](auto kc) {  // planes k and k+1 into the two chains
+        constexpr int k = decltype(kc)::value;
+        const V qa = _mm512_permutexvar_ps(_mm512_srli_epi32(w, 4 * k), table);
+        const V qb = _mm512_permutexvar_ps(_mm512_srli_epi32(w, 4 * k + 4), table);
+        TM_UNROLL
+        for (int i = 0; i < N; ++i) {
+          ga[i] = S::fma(qa, S::load(xb + i * stride + 16 * k), ga[i]);
+          gb[i] = S::fma(qb, S::load(xb + i * stride + 16 * k + 16), gb[i]);
+        }
+      };
+      plane2(IC<2>{});
+      plane2(IC<4>{});
+      plane2(IC<6>{});
+      TM_UNROLL
+      for (int i = 0; i < N; ++i) {
+        acc[i] = S::fma(vs, S::add(ga[i], gb[i]), acc[i]);
+        for (int64_t q = 0; q < gpb; ++q)
+          bsum[i] += bbuf[gs + q] * prep[i * stride + cols + g0 + q];
+      }
+    }
+    TM_UNROLL
+    for (int i = 0; i < N; ++i) out[i * ldo + r] = S::reduce(acc[i]) + bsum[i];
+  }
+}
+#endif
+
 template <class S, DType T>
 typename S::V load_w(const uint8_t* p, int64_t k) {
   if constexpr (T == DType::F32) return S::load(reinterpret_cast<const float*>(p) + k);
@@ -236,11 +395,23 @@ void rows_n(const MatView& m, const float* x, int64_t ldx, const float* prep, fl
         return float_rows<S, DType::F16, N>(m, x, ldx, out, ldo, r0, r1);
     }
   }
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if constexpr (std::is_same_v<S, Avx512Isa>) {
+    if (use_nibble_blocks<S>(m)) return affine4_blocks<N>(m, prep, out, ldo, r0, r1);
+  }
+#endif
   if (use_planes<S>(m)) {
     if (m.bits == 4) return affine_planes<S, 4, N>(m, prep, out, ldo, r0, r1);
     if (m.bits == 8) return affine_planes<S, 8, N>(m, prep, out, ldo, r0, r1);
     return affine_planes<S, 2, N>(m, prep, out, ldo, r0, r1);
   }
+#ifdef TM_HAVE_ODD_VBMI
+  if constexpr (std::is_same_v<S, Avx512Isa>) {
+    if (m.bits == 3) return affine_odd_vbmi<3, N>(m, prep, out, ldo, r0, r1);
+    if (m.bits == 5) return affine_odd_vbmi<5, N>(m, prep, out, ldo, r0, r1);
+    if (m.bits == 6) return affine_odd_vbmi<6, N>(m, prep, out, ldo, r0, r1);
+  }
+#endif
   affine_generic<S, N>(m, prep, out, ldo, r0, r1);
 }
 
