@@ -33,9 +33,10 @@ CacheOptions CacheManager::plan(const CacheGeometry& geo, int64_t budget_bytes, 
 CacheManager::CacheManager(Backend& backend, const CacheGeometry& geo, const CacheOptions& opt)
     : be_(backend), geo_(geo), opt_(opt) {
   TM_CHECK(opt.block_size > 0 && opt.num_slots > 0, "cache needs blocks and slots");
+  // KV memory is written before it is read (kv_append precedes attention), so it is not
+  // cleared: a large pool costs nothing until used. State slots are cleared on acquire.
   auto alloc = [&](size_t bytes) {
     void* p = be_.alloc(std::max<size_t>(bytes, 4));
-    be_.fill_zero(p, std::max<size_t>(bytes, 4));
     buffers_.push_back(p);
     bytes_ += static_cast<int64_t>(bytes);
     return static_cast<float*>(p);

@@ -1,0 +1,31 @@
+// Choosing and creating the backend for a command (--device cpu|cuda|auto).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "util/thread_pool.h"
+
+namespace CLI {
+class App;
+}
+
+namespace tokenmill::app {
+
+struct DeviceOptions {
+  std::string device = "auto";  // cpu, cuda or auto (cuda when built and a GPU is present)
+  int threads = 0;              // CPU threads; 0 = all hardware threads
+};
+
+void add_device_options(CLI::App& cmd, DeviceOptions& opt);
+
+// Owns the thread pool and the backend, in that order of construction.
+struct BackendHandle {
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<Backend> backend;
+};
+
+BackendHandle make_backend(const DeviceOptions& opt);
+
+}  // namespace tokenmill::app

@@ -1,0 +1,19 @@
+// Device probes for bench: the ceilings the benchmark figures are compared against.
+#pragma once
+
+#include <string>
+
+#include "backend/backend.h"
+#include "util/thread_pool.h"
+
+namespace tokenmill::app {
+
+// "cpu: <model name>, N threads" or the GPU's name.
+std::string describe_device(Backend& backend, int threads);
+// Read bandwidth in GB/s: a read-only reduction over a buffer far larger than the caches
+// (1 GiB on the CPU), best of several runs.
+double measure_read_bandwidth(Backend& backend, ThreadPool& pool);
+// bf16-weight matmul rate in TFLOP/s through the backend's own linear op.
+double measure_bf16_matmul(Backend& backend);
+
+}  // namespace tokenmill::app

@@ -1,0 +1,108 @@
+#include "app/bench_report.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "util/error.h"
+
+namespace tokenmill::app {
+
+namespace {
+// Achieved weight bandwidth of a decode rate, and its share of the measured read bandwidth.
+double gbps(const BenchReport& r, double tok_s) {
+  return tok_s * r.weight_bytes_per_token / 1e9;
+}
+double pct(const BenchReport& r, double tok_s) {
+  return r.read_gbps > 0 ? 100.0 * gbps(r, tok_s) / r.read_gbps : 0.0;
+}
+}  // namespace
+
+void print_report(const BenchReport& r) {
+  std::printf("\ntokenmill bench\n  device: %s\n  model:  %s\n", r.device.c_str(), r.model.c_str());
+  std::printf("  measured read bandwidth %.1f GB/s, bf16 matmul %.3f TFLOP/s, load %.2f s\n",
+              r.read_gbps, r.matmul_tflops, r.load_seconds);
+  std::printf("  weights read per decoded token: %.3f GB\n\n", r.weight_bytes_per_token / 1e9);
+  std::printf("  %-28s %12s %10s %8s\n", "test", "tok/s", "GB/s", "% bw");
+  for (const auto& p : r.prefill) {
+    std::printf("  prefill %-20d %12.1f %10s %8s   TTFT %.3f s\n", p.tokens, p.tok_s, "-", "-",
+                p.ttft_s);
+  }
+  for (const auto& d : r.decode) {
+    std::printf("  decode @ context %-11d %12.2f %10.1f %7.1f%%\n", d.context, d.tok_s,
+                gbps(r, d.tok_s), pct(r, d.tok_s));
+  }
+  for (const auto& b : r.batch) {
+    std::printf("  batch %-4d aggregate %-7s %12.2f %10.1f %7.1f%%   per sequence %.2f\n", b.seqs,
+                "", b.aggregate_tok_s, gbps(r, b.aggregate_tok_s / b.seqs),
+                pct(r, b.aggregate_tok_s / b.seqs), b.per_seq_tok_s);
+  }
+  std::printf("\n  peak host memory %.2f GB, KV/state cache %.2f GB\n", r.peak_host_bytes / 1e9,
+              r.cache_bytes / 1e9);
+}
+
+void write_report_json(const BenchReport& r, const std::string& path) {
+  nlohmann::json j = {{"device", r.device},
+                      {"model", r.model},
+                      {"read_gbps", r.read_gbps},
+                      {"bf16_matmul_tflops", r.matmul_tflops},
+                      {"load_seconds", r.load_seconds},
+                      {"weight_bytes_per_token", r.weight_bytes_per_token},
+                      {"peak_host_bytes", r.peak_host_bytes},
+                      {"cache_bytes", r.cache_bytes}};
+  for (const auto& p : r.prefill)
+    j["prefill"].push_back({{"tokens", p.tokens}, {"tok_s", p.tok_s}, {"ttft_s", p.ttft_s}});
+  for (const auto& d : r.decode) {
+    j["decode"].push_back({{"context", d.context},
+                           {"tok_s", d.tok_s},
+                           {"gbps", gbps(r, d.tok_s)},
+                           {"pct_of_read_bandwidth", pct(r, d.tok_s)}});
+  }
+  for (const auto& b : r.batch) {
+    j["batch"].push_back({{"seqs", b.seqs},
+                          {"aggregate_tok_s", b.aggregate_tok_s},
+                          {"per_seq_tok_s", b.per_seq_tok_s}});
+  }
+  std::ofstream f(path);
+  if (!f) fail("{}: cannot write the JSON report", path);
+  f << j.dump(2) << "\n";
+  std::fprintf(stderr, "wrote %s\n", path.c_str());
+}
+
+void write_report_chart(const BenchReport& r, const std::string& path) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    std::fprintf(stderr,
+                 "warning: gnuplot not found (apt-get install gnuplot-nox): no chart written\n");
+    return;
+  }
+  std::string base = path + ".data";
+  {
+    std::ofstream d(base);
+    d << "# context decode_tok_s\n";
+    for (const auto& x : r.decode) d << x.context << " " << x.tok_s << "\n";
+    d << "\n\n# seqs aggregate_tok_s\n";
+    for (const auto& x : r.batch) d << x.seqs << " " << x.aggregate_tok_s << "\n";
+  }
+  std::string script = path + ".gp";
+  {
+    std::ofstream g(script);
+    g << "set terminal svg size 960,420 dynamic\nset output '" << path << "'\n"
+      << "set multiplot layout 1,2 title \"" << r.model << " on " << r.device << "\"\n"
+      << "set logscale x 2\nset grid\nset xlabel 'context (tokens)'\nset ylabel 'decode tok/s'\n"
+      << "plot '" << base << "' index 0 using 1:2 with linespoints lw 2 title 'decode'\n"
+      << "set xlabel 'concurrent sequences'\nset ylabel 'aggregate tok/s'\n"
+      << "plot '" << base << "' index 1 using 1:2 with linespoints lw 2 title 'aggregate'\n"
+      << "unset multiplot\n";
+  }
+  if (std::system(("gnuplot '" + script + "'").c_str()) != 0) {
+    std::fprintf(stderr, "warning: gnuplot failed on %s: no chart written\n", script.c_str());
+    return;
+  }
+  std::filesystem::remove(script);
+  std::filesystem::remove(base);
+  std::fprintf(stderr, "wrote %s\n", path.c_str());
+}
+
+}  // namespace tokenmill::app

@@ -1,0 +1,37 @@
+// Bench results: the printed table, the JSON file and the chart.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tokenmill::app {
+
+struct BenchReport {
+  std::string device, model;
+  double read_gbps = 0, matmul_tflops = 0, load_seconds = 0;
+  int64_t weight_bytes_per_token = 0;
+  int64_t peak_host_bytes = 0, cache_bytes = 0;
+  struct Prefill {
+    int tokens;
+    double tok_s, ttft_s;
+  };
+  struct Decode {
+    int context;
+    double tok_s, ttft_s;
+  };
+  struct Batch {
+    int seqs;
+    double aggregate_tok_s, per_seq_tok_s;
+  };
+  std::vector<Prefill> prefill;
+  std::vector<Decode> decode;
+  std::vector<Batch> batch;
+};
+
+void print_report(const BenchReport& r);
+void write_report_json(const BenchReport& r, const std::string& path);
+// SVG through gnuplot (Debian gnuplot-nox). Warns (does not fail) when gnuplot is missing.
+void write_report_chart(const BenchReport& r, const std::string& path);
+
+}  // namespace tokenmill::app

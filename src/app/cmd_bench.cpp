@@ -1,0 +1,221 @@
+// `tokenmill bench DIR | --preset NAME [--dummy-weights] [--quant q4g64|bf16]`: measures the
+// device (read bandwidth, matmul rate), then prefill, decode at several contexts and a batch sweep
+// through the real engine, and reports tok/s with the bytes each decoded token reads and the
+// fraction of the measured bandwidth that achieves. Prints a table, writes JSON and a chart.
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "app/backend_select.h"
+#include "app/bench_presets.h"
+#include "app/bench_probe.h"
+#include "app/bench_report.h"
+#include "app/commands.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "util/error.h"
+
+namespace tokenmill::app {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchOptions {
+  std::string dir, preset, quant = "q4g64", json_path = "bench.json", chart_path = "bench.svg";
+  std::string work_dir;
+  bool dummy = false;
+  std::vector<int> prompts, contexts, batches;
+  int decode_tokens = 32;
+  int64_t cache_mb = 0;
+  DeviceOptions device;
+};
+
+struct Timeline {
+  std::vector<std::vector<double>> token_times;  // per request, seconds since start
+};
+
+// Submits `prompts` at once and records when each token arrives.
+Timeline run_requests(Engine& e, const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
+                      Clock::time_point start) {
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& p : prompts) {
+    GenerationRequest r;
+    r.prompt = p;
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    streams.push_back(e.submit(r));
+  }
+  Timeline t;
+  t.token_times.resize(prompts.size());
+  std::vector<bool> done(prompts.size(), false);
+  size_t left = prompts.size();
+  while (left > 0) {
+    for (size_t i = 0; i < streams.size(); ++i) {
+      if (done[i]) continue;
+      for (TokenEvent& ev : streams[i]->wait(std::chrono::milliseconds(1))) {
+        double now = std::chrono::duration<double>(Clock::now() - start).count();
+        if (ev.token >= 0) t.token_times[i].push_back(now);
+        if (ev.finished) {
+          if (ev.finish_reason == FinishReason::kError)
+            fail("benchmark request failed: {}", ev.error);
+          done[i] = true;
+          --left;
+        }
+      }
+    }
+  }
+  return t;
+}
+
+std::vector<int32_t> random_prompt(int n, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 r(seed);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<int32_t>(r() % static_cast<uint64_t>(vocab));
+  return v;
+}
+
+std::string prepare_dummy(const BenchOptions& o, SyntheticSpec spec) {
+  apply_quant(spec, o.quant);
+  namespace fs = std::filesystem;
+  std::string dir =
+      o.work_dir.empty()
+          ? (fs::temp_directory_path() / ("tokenmill-bench-" + o.preset + "-" + o.quant)).string()
+          : o.work_dir;
+  if (fs::exists(fs::path(dir) / "model.safetensors") &&
+      fs::exists(fs::path(dir) / "config.json")) {
+    std::fprintf(stderr, "reusing dummy checkpoint %s\n", dir.c_str());
+    return dir;
+  }
+  std::fprintf(stderr, "writing a dummy %s %s checkpoint (%.2f GB) to %s ...\n", o.preset.c_str(),
+               o.quant.c_str(), synthetic_weight_bytes(spec) / 1e9, dir.c_str());
+  write_synthetic_checkpoint(dir, spec);
+  return dir;
+}
+
+void bench_command(BenchOptions o) {
+  if (o.dir.empty() == o.preset.empty()) fail("give either a model directory or --preset NAME");
+  if (!o.preset.empty() && !o.dummy) {
+    fail("--preset needs --dummy-weights (random weights at the preset's real shapes)");
+  }
+  BackendHandle be = make_backend(o.device);
+  const bool cpu = be.backend->name() == "cpu";
+  if (o.prompts.empty())
+    o.prompts = cpu ? std::vector<int>{128, 512} : std::vector<int>{512, 8192, 32768};
+  if (o.contexts.empty())
+    o.contexts = cpu ? std::vector<int>{128, 1024} : std::vector<int>{1024, 8192, 32768};
+  if (o.batches.empty()) o.batches = cpu ? std::vector<int>{1, 4} : std::vector<int>{1, 4, 16, 64};
+
+  BenchReport rep;
+  rep.device = describe_device(*be.backend, be.pool->size());
+  std::fprintf(stderr, "probing %s ...\n", rep.device.c_str());
+  rep.read_gbps = measure_read_bandwidth(*be.backend, *be.pool);
+  rep.matmul_tflops = measure_bf16_matmul(*be.backend);
+
+  std::string dir = o.dir;
+  if (!o.preset.empty()) {
+    dir = prepare_dummy(o, find_preset(o.preset).spec);
+    rep.model = o.preset + " " + o.quant + " (dummy weights)";
+  } else {
+    rep.model = dir;
+  }
+  auto t_load = Clock::now();
+  auto model = Model::load(dir, *be.backend);
+  rep.load_seconds = std::chrono::duration<double>(Clock::now() - t_load).count();
+  rep.weight_bytes_per_token = model->weights().weight_bytes;
+  const int64_t V = model->config().vocab_size;
+
+  int max_len = 0;
+  for (int p : o.prompts) max_len = std::max(max_len, p);
+  for (int c : o.contexts) max_len = std::max(max_len, c + o.decode_tokens);
+  int max_batch = 1;
+  for (int b : o.batches) max_batch = std::max(max_batch, b);
+  EngineOptions eo;
+  eo.max_seqs = max_batch;
+  eo.max_step_tokens = cpu ? 512 : 8192;
+  eo.prefill_chunk = eo.max_step_tokens;
+  eo.max_context = max_len + 8;
+  const CacheGeometry& g = model->geometry();
+  int64_t need =
+      int64_t{max_batch} * (g.state_bytes_per_seq() +
+                            g.kv_bytes_per_token() * (std::max(512, max_len / max_batch) + 64));
+  need =
+      std::max(need, g.kv_bytes_per_token() * (max_len + 64) + g.state_bytes_per_seq() * max_batch);
+  eo.memory_budget_bytes = o.cache_mb > 0 ? o.cache_mb << 20 : need + (64LL << 20);
+  Engine engine(*model, eo);
+
+  for (int p : o.prompts) {
+    auto start = Clock::now();
+    Timeline t = run_requests(engine, {random_prompt(p, V, 1000 + p)}, 1, start);
+    double ttft = t.token_times[0].at(0);
+    rep.prefill.push_back({p, p / ttft, ttft});
+    std::fprintf(stderr, "prefill %6d tokens: %9.1f tok/s (TTFT %.3f s)\n", p, p / ttft, ttft);
+  }
+  for (int c : o.contexts) {
+    auto start = Clock::now();
+    Timeline t = run_requests(engine, {random_prompt(c, V, 2000 + c)}, o.decode_tokens, start);
+    const auto& tt = t.token_times[0];
+    double rate = (tt.size() - 1) / (tt.back() - tt.front());
+    rep.decode.push_back({c, rate, tt.front()});
+    std::fprintf(stderr, "decode at context %6d: %9.2f tok/s\n", c, rate);
+  }
+  for (int b : o.batches) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < b; ++i) prompts.push_back(random_prompt(64, V, 3000 + i));
+    auto start = Clock::now();
+    Timeline t = run_requests(engine, prompts, o.decode_tokens, start);
+    // Steady state: from when the last request got its first token until the first finished.
+    double from = 0, to = 1e300;
+    for (const auto& tt : t.token_times) {
+      from = std::max(from, tt.front());
+      to = std::min(to, tt.back());
+    }
+    int64_t tokens = 0;
+    for (const auto& tt : t.token_times) {
+      for (double x : tt) tokens += (x > from && x <= to) ? 1 : 0;
+    }
+    double agg = to > from ? tokens / (to - from) : 0.0;
+    rep.batch.push_back({b, agg, agg / b});
+    std::fprintf(stderr, "batch %3d: %9.2f tok/s aggregate, %8.2f per sequence\n", b, agg, agg / b);
+  }
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  rep.peak_host_bytes = static_cast<int64_t>(ru.ru_maxrss) * 1024;
+  rep.cache_bytes = engine.stats().cache_bytes_total;
+  print_report(rep);
+  write_report_json(rep, o.json_path);
+  write_report_chart(rep, o.chart_path);
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto opt = std::make_shared<BenchOptions>();
+  auto* cmd = app.add_subcommand("bench", "Benchmark prefill, decode and batching on this device");
+  cmd->add_option("dir", opt->dir, "Model directory (or use --preset)");
+  cmd->add_option("--preset", opt->preset, "qwen3.5-27b, qwen3.5-35b-a3b or cpu-120m");
+  cmd->add_flag("--dummy-weights", opt->dummy, "Random weights at the preset's real shapes");
+  cmd->add_option("--quant", opt->quant, "bf16 or q<bits>g<group> for --preset")
+      ->capture_default_str();
+  cmd->add_option("--prompt-lengths", opt->prompts, "Prefill lengths (default by device)");
+  cmd->add_option("--contexts", opt->contexts, "Decode contexts (default by device)");
+  cmd->add_option("--batches", opt->batches, "Concurrent sequences (default by device)");
+  cmd->add_option("--decode-tokens", opt->decode_tokens, "Tokens per decode run")
+      ->capture_default_str();
+  cmd->add_option("--cache-mb", opt->cache_mb, "KV/state memory (default: what the runs need)");
+  cmd->add_option("--json", opt->json_path, "JSON output file")->capture_default_str();
+  cmd->add_option("--chart", opt->chart_path, "Chart output (SVG, via gnuplot)")
+      ->capture_default_str();
+  cmd->add_option("--work-dir", opt->work_dir, "Where --dummy-weights writes its checkpoint");
+  add_device_options(*cmd, opt->device);
+  cmd->callback([opt] { bench_command(*opt); });
+}
+
+}  // namespace tokenmill::app

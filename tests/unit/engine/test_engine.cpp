@@ -1,0 +1,167 @@
+// The engine against the bare model: continuous batching, chunked prefill, preemption and
+// cancellation must not change what a request produces.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <thread>
+
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "model/synthetic.h"
+#include "support/model_harness.h"
+#include "util/error.h"
+
+namespace tokenmill::testing {
+namespace {
+
+std::vector<int32_t> random_ids(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 r(seed);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<int32_t>(2 + r() % static_cast<uint64_t>(vocab - 2));
+  return v;
+}
+
+// Greedy continuation computed the slow, obvious way: rerun the whole sequence every step.
+std::vector<int32_t> reference_greedy(Harness& h, std::vector<int32_t> ids, int n) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    auto logits = h.run({ids}, 0)[0];
+    const float* last = logits.data() + logits.size() - h.vocab();
+    int32_t t = static_cast<int32_t>(std::max_element(last, last + h.vocab()) - last);
+    out.push_back(t);
+    ids.push_back(t);
+  }
+  return out;
+}
+
+struct Collected {
+  std::vector<int32_t> tokens;
+  FinishReason reason = FinishReason::kNone;
+  std::vector<float> prompt_logprobs;
+};
+
+Collected collect(RequestStream& s) {
+  Collected c;
+  for (;;) {
+    for (TokenEvent& e : s.wait(std::chrono::milliseconds(100))) {
+      if (e.token >= 0) c.tokens.push_back(e.token);
+      if (!e.prompt_logprobs.empty()) c.prompt_logprobs = e.prompt_logprobs;
+      if (e.finished) {
+        c.reason = e.finish_reason;
+        return c;
+      }
+    }
+  }
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(temp_dir("engine"));
+    SyntheticSpec s;
+    s.init_scale = 0.15f;  // peaky logits: greedy ties are improbable
+    write_synthetic_checkpoint(*dir_, s);
+  }
+  static std::string* dir_;
+};
+std::string* EngineTest::dir_ = nullptr;
+
+GenerationRequest greedy(std::vector<int32_t> prompt, int n) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.max_tokens = n;
+  r.ignore_eos = true;
+  return r;
+}
+
+TEST_F(EngineTest, ConcurrentChunkedPreemptedEqualsReference) {
+  Harness h(*dir_);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<int32_t>> expect;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(random_ids(3 + 17 * i, h.vocab(), 100 + i));
+    expect.push_back(reference_greedy(h, prompts.back(), 12));
+  }
+  // Small step budget (chunked prefill interleaved with decode) and few blocks (preemption).
+  for (int64_t blocks : {int64_t{0}, int64_t{16}}) {
+    EngineOptions o;
+    o.max_seqs = 4;
+    o.max_step_tokens = 24;
+    o.prefill_chunk = 16;
+    o.kv_blocks = blocks;
+    o.memory_budget_bytes = 64 << 20;
+    Engine e(*h.model, o);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (auto& p : prompts) streams.push_back(e.submit(greedy(p, 12)));
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      Collected c = collect(*streams[i]);
+      EXPECT_EQ(c.reason, FinishReason::kLength);
+      EXPECT_EQ(c.tokens, expect[i]) << "request " << i << " blocks " << blocks;
+    }
+  }
+}
+
+TEST_F(EngineTest, PromptLogprobsMatchModel) {
+  Harness h(*dir_);
+  auto prompt = random_ids(40, h.vocab(), 5);
+  auto logits = h.run({prompt}, 0)[0];
+  EngineOptions o;
+  Engine e(*h.model, o);
+  GenerationRequest r = greedy(prompt, 0);
+  r.prompt_logprobs = 0;
+  Collected c = collect(*e.submit(r));
+  ASSERT_EQ(c.prompt_logprobs.size(), prompt.size() - 1);
+  for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+    float want = token_logprob(&logits[i * h.vocab()], h.vocab(), prompt[i + 1], 0, nullptr);
+    EXPECT_NEAR(c.prompt_logprobs[i], want, 1e-4) << i;
+  }
+  EXPECT_TRUE(c.tokens.empty());
+}
+
+TEST_F(EngineTest, SeededSamplingIsReproducible) {
+  Harness h(*dir_);
+  Engine e(*h.model, EngineOptions{});
+  GenerationRequest r = greedy(random_ids(8, h.vocab(), 9), 20);
+  r.sampling.temperature = 1.0f;
+  r.sampling.top_p = 0.9f;
+  r.sampling.seed = 42;
+  auto a = collect(*e.submit(r)).tokens, b = collect(*e.submit(r)).tokens;
+  EXPECT_EQ(a, b);
+  r.sampling.seed = 43;
+  EXPECT_NE(collect(*e.submit(r)).tokens, a);
+}
+
+TEST_F(EngineTest, CancelFreesMemory) {
+  Harness h(*dir_);
+  Engine e(*h.model, EngineOptions{});
+  auto s = e.submit(greedy(random_ids(30, h.vocab(), 3), 10000 - 30));
+  while (e.stats().generated_tokens < 3) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(e.stats().state_slots_used, 1);
+  s->cancel();
+  EXPECT_EQ(collect(*s).reason, FinishReason::kCancelled);
+  for (int i = 0; i < 100 && e.stats().running > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(e.stats().state_slots_used, 0);
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+}
+
+TEST_F(EngineTest, RejectsRequestsThatCanNeverRun) {
+  Harness h(*dir_);
+  EngineOptions o;
+  o.max_context = 100;
+  Engine e(*h.model, o);
+  EXPECT_THROW(e.submit(greedy({}, 5)), Error);
+  EXPECT_THROW(e.submit(greedy({h.vocab() + 5}, 5)), Error);
+  try {
+    e.submit(greedy(random_ids(90, h.vocab(), 1), 20));
+    FAIL() << "expected an error";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("110"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("100"), std::string::npos) << err.what();
+  }
+}
+
+}  // namespace
+}  // namespace tokenmill::testing

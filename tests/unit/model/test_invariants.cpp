@@ -1,0 +1,100 @@
+// Engine-core invariants on synthetic checkpoints (random weights at small real-layout shapes):
+// whole-prompt prefill = chunked prefill = token by token, and a batch of sequences = the same
+// sequences run alone. These hold for any weights, so random ones test them fully; agreement
+// with the reference implementation is the golden tests' job.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "model/synthetic.h"
+#include "support/model_harness.h"
+
+namespace tokenmill::testing {
+namespace {
+
+std::vector<int32_t> random_ids(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 r(seed);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<int32_t>(r() % static_cast<uint64_t>(vocab));
+  return v;
+}
+
+struct Case {
+  const char* name;
+  SyntheticSpec spec;
+};
+
+class Invariants : public ::testing::TestWithParam<Case> {};
+
+// Logits are O(1..10); F32 sums in a different order differ by ~1e-5 relative.
+constexpr double kTol = 2e-4;
+
+TEST_P(Invariants, WholeEqualsChunkedEqualsTokenByToken) {
+  std::string dir = temp_dir(std::string("inv-") + GetParam().name);
+  write_synthetic_checkpoint(dir, GetParam().spec);
+  Harness h(dir);
+  auto ids = random_ids(150, h.vocab(), 7);
+  auto whole = h.run({ids}, 0)[0];
+  for (int chunk : {1, 7, 64}) {
+    auto got = h.run({ids}, chunk)[0];
+    EXPECT_LT(max_abs_diff(whole, got), kTol) << "chunk " << chunk;
+  }
+}
+
+TEST_P(Invariants, BatchEqualsSingles) {
+  std::string dir = temp_dir(std::string("batch-") + GetParam().name);
+  write_synthetic_checkpoint(dir, GetParam().spec);
+  Harness h(dir);
+  std::vector<std::vector<int32_t>> seqs = {
+      random_ids(5, h.vocab(), 1), random_ids(70, h.vocab(), 2), random_ids(33, h.vocab(), 3)};
+  for (int chunk : {0, 16}) {
+    auto together = h.run(seqs, chunk);
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      auto alone = h.run({seqs[s]}, chunk)[0];
+      EXPECT_LT(max_abs_diff(together[s], alone), kTol) << "seq " << s << " chunk " << chunk;
+    }
+  }
+}
+
+SyntheticSpec dense() {
+  return SyntheticSpec{};
+}
+SyntheticSpec moe() {
+  SyntheticSpec s;
+  s.moe = true;
+  return s;
+}
+SyntheticSpec q4() {
+  SyntheticSpec s;
+  s.bits = 4;
+  return s;
+}
+SyntheticSpec moe_q3() {
+  SyntheticSpec s;
+  s.moe = true;
+  s.bits = 3;
+  return s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Synthetic, Invariants,
+                         ::testing::Values(Case{"dense_bf16", dense()}, Case{"moe_bf16", moe()},
+                                           Case{"dense_q4", q4()}, Case{"moe_q3", moe_q3()}),
+                         [](const auto& p) { return std::string(p.param.name); });
+
+// A damaged weight must change the logits: the invariant tests above would also pass on a model
+// that ignored its inputs, so check the forward depends on every layer kind.
+TEST(Invariants, OutputDependsOnInput) {
+  std::string dir = temp_dir("dep");
+  write_synthetic_checkpoint(dir, SyntheticSpec{});
+  Harness h(dir);
+  auto a = random_ids(20, h.vocab(), 11);
+  auto b = a;
+  b[0] = (b[0] + 1) % h.vocab();
+  auto la = h.run({a}, 0)[0], lb = h.run({b}, 0)[0];
+  // The last position sees the changed first token only through attention and GDN state.
+  std::vector<float> last_a(la.end() - h.vocab(), la.end()), last_b(lb.end() - h.vocab(), lb.end());
+  EXPECT_GT(max_abs_diff(last_a, last_b), 1e-3);
+}
+
+}  // namespace
+}  // namespace tokenmill::testing
