@@ -14,7 +14,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "tokenmill 0.1.0");
   std::string log_level = "warn";
-  app.add_option("--log-level", log_level, "debug, info, warn, error or off")->capture_default_str();
+  app.add_option("--log-level", log_level, "debug, info, warn, error or off")
+      ->capture_default_str();
+  app.parse_complete_callback([&log_level] { log::set_level(log_level); });
   register_commands(app);
   try {
     app.parse(argc, argv);

@@ -4,6 +4,10 @@
 
 namespace tokenmill::app {
 
-void register_commands(CLI::App& app) { register_version(app); }
+void register_commands(CLI::App& app) {
+  register_version(app);
+  register_inspect(app);
+  register_bench(app);
+}
 
 }  // namespace tokenmill::app

@@ -11,5 +11,7 @@ namespace tokenmill::app {
 void register_commands(CLI::App& app);
 
 void register_version(CLI::App& app);
+void register_inspect(CLI::App& app);
+void register_bench(CLI::App& app);
 
 }  // namespace tokenmill::app
