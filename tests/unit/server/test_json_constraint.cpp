@@ -1,0 +1,134 @@
+// The JSON-schema matcher and the token constraint. Validity is judged by nlohmann's parser (the
+// reference for "parses") plus the schema's stated rules.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "server/api_error.h"
+#include "server/json_schema_constraint.h"
+
+namespace tokenmill::server {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+const json kPerson = json::parse(R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string"},
+    "age": {"type": "integer"},
+    "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "bc"]}, "maxItems": 2},
+    "score": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+    "ok": {"type": "boolean"}
+  },
+  "required": ["name", "age"],
+  "additionalProperties": false
+})");
+
+TEST(JsonSchemaMatcher, AcceptsValidDocuments) {
+  for (const char* doc :
+       {R"({"name": "x", "age": 3})", R"({"age": -10, "name": "q\"\u00e9", "tags": ["a", "bc"]})",
+        R"({ "name" : "x" , "age" : 0 , "score" : null , "ok" : true })",
+        R"({"name": "x", "age": 3, "score": -1.5e+3})"}) {
+    ASSERT_NO_THROW(json::parse(doc)) << doc;  // the reference agrees it parses
+    EXPECT_TRUE(json_schema_accepts(kPerson, false, doc, true)) << doc;
+  }
+}
+
+TEST(JsonSchemaMatcher, RejectsInvalidDocuments) {
+  for (const char* doc : {R"({"name": "x"})",                           // missing required age
+                          R"({"name": "x", "age": 3.5})",               // not an integer
+                          R"({"name": "x", "age": 3, "zz": 1})",        // additional key
+                          R"({"name": "x", "age": 3, "tags": ["b"]})",  // not in enum
+                          R"({"name": "x", "age": 3, "tags": ["a", "a", "a"]})",  // maxItems
+                          R"({"name": "x", "name": "y", "age": 1})",              // duplicate key
+                          R"({"name": 5, "age": 1})", R"([1])", R"({"name": "x", "age": 01})",
+                          R"({"name": "x", "age": 1,})"}) {
+    EXPECT_FALSE(json_schema_accepts(kPerson, false, doc, true)) << doc;
+  }
+  // Valid prefixes are accepted as incomplete, not as complete.
+  EXPECT_TRUE(json_schema_accepts(kPerson, false, R"({"name": "x", "ag)", false));
+  EXPECT_FALSE(json_schema_accepts(kPerson, false, R"({"name": "x", "ag)", true));
+  EXPECT_FALSE(json_schema_accepts(kPerson, false, R"({"nam": )", false));
+}
+
+TEST(JsonSchemaMatcher, JsonObjectModeAndRefs) {
+  EXPECT_TRUE(json_schema_accepts(json(), true, R"({"a": [1, {"b": null}], "c": "d"})", true));
+  EXPECT_FALSE(json_schema_accepts(json(), true, R"([1])", true));
+  json tree = json::parse(R"({"$defs": {"node": {"type": "object", "properties": {
+      "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+      "required": ["v"], "additionalProperties": false}}, "$ref": "#/$defs/node"})");
+  EXPECT_TRUE(
+      json_schema_accepts(tree, false, R"({"v": 1, "kids": [{"v": 2, "kids": []}]})", true));
+  EXPECT_FALSE(json_schema_accepts(tree, false, R"({"v": 1, "kids": [{"w": 2}]})", true));
+  json consts = json::parse(R"({"enum": ["x", 5, null, {"a": 1}]})");
+  EXPECT_TRUE(json_schema_accepts(consts, false, R"({"a":1})", true));
+  EXPECT_TRUE(json_schema_accepts(consts, false, R"("x")", true));
+  EXPECT_FALSE(json_schema_accepts(consts, false, R"("y")", true));
+}
+
+TEST(JsonSchemaMatcher, UnsupportedKeywordsAre400) {
+  try {
+    validate_json_schema(json::parse(R"({"type": "string", "pattern": "^a$"})"));
+    FAIL();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), "response_format.json_schema.schema");
+    EXPECT_NE(std::string(e.what()).find("pattern"), std::string::npos);
+  }
+  EXPECT_THROW(validate_json_schema(json::parse(R"({"$ref": "#/$defs/missing"})")), ApiError);
+  EXPECT_THROW(validate_json_schema(json::parse(R"({"type": "objekt"})")), ApiError);
+}
+
+// A random walk through a toy vocabulary under the mask always produces a document that parses
+// and satisfies the schema, and stops only when it is complete.
+TEST(JsonConstraint, RandomMaskedWalksProduceValidDocuments) {
+  std::vector<std::string> vocab = {"{",     "}",  "\"", "name", "age",   ":",    ",",    " ",
+                                    "1",     "0",  "-",  ".",    "e",     "x",    "\":",  "[",
+                                    "]",     "a",  "bc", "tags", "\"a\"", "null", "true", "ok",
+                                    "score", "\\", "n",  "\"}",  "2.5",   "</s>", "\n"};
+  // Like real byte-level vocabularies, every single letter is a token too (so no prefix the
+  // mask allows is a dead end).
+  for (char ch = 'a'; ch <= 'z'; ++ch) vocab.push_back(std::string(1, ch));
+  auto bytes = std::make_shared<std::vector<std::string>>(vocab);
+  std::vector<uint8_t> special(vocab.size(), 0);
+  const int32_t eos = 29;
+  special[eos] = 1;
+  std::mt19937 rng(1234);
+  int finished = 0;
+  for (int walk = 0; walk < 300; ++walk) {
+    auto c = make_json_constraint(bytes, special, {eos}, kPerson, false);
+    std::string text;
+    bool done = false;
+    for (int step = 0; step < 200 && !done; ++step) {
+      std::vector<uint8_t> allowed(vocab.size(), 1);
+      c->mask(allowed);
+      std::vector<int32_t> ok;
+      for (size_t i = 0; i < allowed.size(); ++i) {
+        if (allowed[i]) ok.push_back(int32_t(i));
+      }
+      ASSERT_FALSE(ok.empty()) << "dead end after [" << text << "] step " << step;
+      int32_t t = ok[rng() % ok.size()];
+      if (t == eos) {
+        done = true;
+        break;
+      }
+      text += vocab[t];
+      done = !c->accept(t);
+    }
+    if (!done) continue;
+    ++finished;
+    json parsed;
+    ASSERT_NO_THROW(parsed = json::parse(text)) << text;
+    EXPECT_TRUE(parsed.contains("name") && parsed["name"].is_string()) << text;
+    EXPECT_TRUE(parsed.contains("age") && parsed["age"].is_number_integer()) << text;
+    for (auto it = parsed.begin(); it != parsed.end(); ++it) {
+      EXPECT_TRUE(kPerson["properties"].contains(it.key())) << text;
+    }
+  }
+  EXPECT_GT(finished, 20);
+}
+
+}  // namespace
+}  // namespace tokenmill::server
