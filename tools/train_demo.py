@@ -221,6 +221,12 @@ def main():
         except Exception:  # a template may reject odd content; the manual form is equivalent
             chat_texts.append(demo_data.manual_chat(c, False))
     streams["chat"] = demo_data.encode_stream(tok, chat_texts, eos_doc)
+    # validation: the last 2 % of each training stream, never sampled; used to watch for
+    # over-fitting (the corpus is small) and to pick the checkpoint; the held-out split stays pure
+    val = {}
+    for s in demo_data.SPLITS:
+        cut = int(len(streams[s]) * 0.98)
+        val[s], streams[s] = streams[s][cut:], streams[s][:cut]
     for k, v in streams.items():
         log("stream %-5s %9d tokens" % (k, len(v)))
     bytes_per_token = {s: sum(len(d.encode()) for d in held[s]) / max(1, sum(len(x) for x in tok.encode_batch(held[s])))
@@ -238,6 +244,7 @@ def main():
     init_hf_like(model, std=0.02, generator=torch.Generator().manual_seed(args.seed))
     n_params = sum(p.numel() for p in model.parameters())
     n_mtp = sum(p.numel() for n, p in model.named_parameters() if n.startswith("mtp."))
+    inter = cfg.intermediate_size
     log("model: %d params (%d MTP), intermediate %d, %.1f MB bf16" % (n_params, n_mtp, inter, n_params * 2 / 1e6))
     model.to(dev)
     decay, no_decay = [], []
@@ -266,7 +273,35 @@ def main():
     total = args.steps or (6 if args.smoke else 0)
     warmup = 3 if args.smoke else 150
     log("training budget %.0f s, batch %d x %d tokens, device %s" % (budget, bsz, seq, dev))
-    hist = []
+    hist, val_hist = [], []
+    val_windows = {}
+    for s in demo_data.SPLITS:
+        n = max(0, (len(val[s]) - 1) // (seq + 1))
+        idx = np.linspace(0, n - 1, num=min(8, n)).astype(int) if n else []
+        if len(idx):
+            val_windows[s] = torch.from_numpy(np.stack([val[s][i * (seq + 1):(i + 1) * (seq + 1)] for i in idx]).astype(np.int64))
+    best = {"loss": float("inf"), "step": 0, "state": None}
+
+    def validate():
+        model.eval()
+        r = {}
+        with torch.no_grad():
+            for s, w in val_windows.items():
+                w = w.to(dev)
+                if dev.type == "cuda":
+                    with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                        lm, lt = losses(model, w)
+                else:
+                    lm, lt = losses(model, w)
+                r[s] = float(lm)
+                r[s + "_mtp"] = float(lt)
+        model.train()
+        mean = float(np.mean([r[s] for s in val_windows])) if val_windows else float("nan")
+        val_hist.append({"step": step, "val": r, "val_mean": mean, "seconds": round(time.time() - t_start, 2)})
+        log("step %5d validation %s" % (step, {k: round(v, 3) for k, v in r.items()}))
+        if mean < best["loss"]:
+            best.update(loss=mean, step=step,
+                        state={k: v.detach().clone() for k, v in model.state_dict().items()})
     t_start = time.time()
     step = 0
     measured_at = None
@@ -314,6 +349,8 @@ def main():
             remaining = budget - (time.time() - t_start)
             total = step + int(remaining * rate * 0.96)
             log("measured %.2f steps/s -> total_steps %d" % (rate, total))
+        if total and step % max(2 if args.smoke else 100, total // 10) == 0 and step < total:
+            validate()
         if step % (1 if args.smoke else 25) == 0 or step == 1:
             rec = {"step": step, "loss": float(main_l), "mtp_loss": float(mtp_l), "lr": lr,
                    "grad_norm": float(gnorm), "seconds": round(time.time() - t_start, 2),
@@ -324,6 +361,12 @@ def main():
                     step, rec["loss"], rec["mtp_loss"], lr, rec["grad_norm"],
                     rec["tokens"] / max(1e-9, rec["seconds"])))
     train_seconds = time.time() - t_start
+    validate()
+    selected = step
+    if best["state"] is not None and best["step"] != step:
+        model.load_state_dict(best["state"])
+        selected = best["step"]
+        log("validation loss was lowest at step %d: keeping that checkpoint" % selected)
     log("trained %d steps in %.1f s (%s)" % (step, train_seconds, "stopped by the clock" if stopped_by_clock else "complete"))
     model.eval()
 
@@ -337,7 +380,8 @@ def main():
             log("no vision tower weights (%r): config keeps vision_config; transformers will init it" % e)
     files = save_model(model, cfg, conf, out, visual)
     log("saved", files)
-    train_log = {"seed": args.seed, "total_steps": step, "non_finite_steps": bad_steps, "planned_steps": total, "stopped_by_clock": stopped_by_clock,
+    train_log = {"seed": args.seed, "total_steps": step, "selected_step": selected, "validation": val_hist,
+                 "non_finite_steps": bad_steps, "planned_steps": total, "stopped_by_clock": stopped_by_clock,
                  "train_seconds": round(train_seconds, 1), "batch": bsz, "seq_len": seq, "peak_lr": args.lr,
                  "warmup": warmup, "mtp_weight": MTP_WEIGHT, "mix": MIX, "params": n_params, "mtp_params": n_mtp,
                  "intermediate_size": inter, "tokenizer_size": len(tok), "vocab_size": vocab,
@@ -346,18 +390,20 @@ def main():
                  "device": str(dev), "torch": torch.__version__, "history": hist}
     with open(os.path.join(out, "train_log.json"), "w") as f:
         json.dump(train_log, f, indent=1)
-    write_curves(hist, out)
+    write_curves(hist, val_hist, out)
     if args.no_eval:
         return
     import demo_eval
     demo_eval.evaluate(model, cfg, tok, held, out, dev, render, deadline, smoke=args.smoke, log=log)
 
 
-def write_curves(hist, out):
+def write_curves(hist, val_hist, out):
     with open(os.path.join(out, "loss.csv"), "w") as f:
-        f.write("step,tokens,seconds,loss,mtp_loss,lr\n")
+        f.write("step,tokens,seconds,loss,mtp_loss,lr,val_mean\n")
+        vals = {v["step"]: v["val_mean"] for v in val_hist}
         for r in hist:
-            f.write("%d,%d,%.2f,%.5f,%.5f,%.6g\n" % (r["step"], r["tokens"], r["seconds"], r["loss"], r["mtp_loss"], r["lr"]))
+            f.write("%d,%d,%.2f,%.5f,%.5f,%.6g,%s\n" % (r["step"], r["tokens"], r["seconds"], r["loss"], r["mtp_loss"],
+                                                       r["lr"], ("%.5f" % vals[r["step"]]) if r["step"] in vals else ""))
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -368,6 +414,10 @@ def write_curves(hist, out):
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([r["tokens"] / 1e6 for r in hist], [r["loss"] for r in hist], label="main (next token)")
     ax.plot([r["tokens"] / 1e6 for r in hist], [r["mtp_loss"] for r in hist], label="MTP (token after next)")
+    if val_hist and hist:
+        tok_per_step = hist[-1]["tokens"] / max(1, hist[-1]["step"])
+        ax.plot([v["step"] * tok_per_step / 1e6 for v in val_hist], [v["val_mean"] for v in val_hist], "o-",
+                label="validation (main, mean of code/prose/zh)")
     ax.set_xlabel("training tokens (millions)")
     ax.set_ylabel("cross-entropy (nats)")
     ax.set_title("tokenmill demo model")
