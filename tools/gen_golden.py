@@ -470,114 +470,125 @@ def main():
         plans = [p for p in plans if p[0] in args.only.split(",")]
     made, renames = {}, {}
     for name, cfg, seed in plans:
-        kind = {"dense": "dense", "moe": "moe", "causal_tied": "causal"}[name]
-        log("building", name)
-        conf = hf_config(cfg, kind)
-        weights = sharp_weights(cfg, seed)
-        if kind == "causal":
-            weights = causal_names(weights)
-        visual_source = None
-        if kind != "causal":
-            vis = None
+        try:
+            kind = {"dense": "dense", "moe": "moe", "causal_tied": "causal"}[name]
+            log("building", name)
+            conf = hf_config(cfg, kind)
+            weights = sharp_weights(cfg, seed)
+            if kind == "causal":
+                weights = causal_names(weights)
+            visual_source = None
+            if kind != "causal":
+                vis = None
+                if hf:
+                    try:
+                        vis, hf_text_names = hf.build_visual(conf, kind == "moe")
+                        visual_source = "transformers %s vision tower" % ("Qwen3_5Moe" if kind == "moe" else "Qwen3_5")
+                        ours = sorted(k for k in weights if not k.startswith("mtp."))
+                        if ours != hf_text_names:
+                            manifest["warnings"].append("%s: text tensor names differ from transformers: ours-only %s, hf-only %s" % (
+                                name, sorted(set(ours) - set(hf_text_names))[:8], sorted(set(hf_text_names) - set(ours))[:8]))
+                    except Exception as e:
+                        manifest["warnings"].append("%s: could not build the tiny vision tower with transformers (%r); "
+                                                    "fabricated model.visual.* tensors instead" % (name, e))
+                if vis is None:
+                    vis = fabricated_visual(cfg.hidden_size)
+                    visual_source = visual_source or "fabricated (names of Qwen3_5VisionModel)"
+                weights.update(vis)
+            tensors = file_tensors(weights)
+            ckpt_dir = os.path.join(args.out, name)
+            os.makedirs(ckpt_dir, exist_ok=True)
+            with open(os.path.join(ckpt_dir, "config.json"), "w") as f:
+                json.dump(conf, f, indent=2)
+            st_io.save_file(tensors, os.path.join(ckpt_dir, "model.safetensors"))
+            # my implementation on the same (bf16-rounded) weights
+            mine_w = {k: v for k, v in weights.items() if not k.startswith("model.visual.")}
+            if kind == "causal":
+                mine_w = {("model.language_model." + k[len("model."):]) if k.startswith("model.") else k: v
+                          for k, v in mine_w.items()}
+            my_model, my_fwd = mine_fwd(cfg, mine_w)
+            ref_mine = reference(my_fwd, cfg.vocab_size, seed)
+            ref, info = ref_mine, {"reference_source": "qwen35_torch float64 (smoke)"}
             if hf:
-                try:
-                    vis, hf_text_names = hf.build_visual(conf, kind == "moe")
-                    visual_source = "transformers %s vision tower" % ("Qwen3_5Moe" if kind == "moe" else "Qwen3_5")
-                    ours = sorted(k for k in weights if not k.startswith("mtp."))
-                    if ours != hf_text_names:
-                        manifest["warnings"].append("%s: text tensor names differ from transformers: ours-only %s, hf-only %s" % (
-                            name, sorted(set(ours) - set(hf_text_names))[:8], sorted(set(hf_text_names) - set(ours))[:8]))
-                except Exception as e:
-                    manifest["warnings"].append("%s: could not build the tiny vision tower with transformers (%r); "
-                                                "fabricated model.visual.* tensors instead" % (name, e))
-            if vis is None:
-                vis = fabricated_visual(cfg.hidden_size)
-                visual_source = visual_source or "fabricated (names of Qwen3_5VisionModel)"
-            weights.update(vis)
-        tensors = file_tensors(weights)
-        ckpt_dir = os.path.join(args.out, name)
-        os.makedirs(ckpt_dir, exist_ok=True)
-        with open(os.path.join(ckpt_dir, "config.json"), "w") as f:
-            json.dump(conf, f, indent=2)
-        st_io.save_file(tensors, os.path.join(ckpt_dir, "model.safetensors"))
-        # my implementation on the same (bf16-rounded) weights
-        mine_w = {k: v for k, v in weights.items() if not k.startswith("model.visual.")}
-        if kind == "causal":
-            mine_w = {("model.language_model." + k[len("model."):]) if k.startswith("model.") else k: v
-                      for k, v in mine_w.items()}
-        my_model, my_fwd = mine_fwd(cfg, mine_w)
-        ref_mine = reference(my_fwd, cfg.vocab_size, seed)
-        ref, info = ref_mine, {"reference_source": "qwen35_torch float64 (smoke)"}
-        if hf:
-            model, loading, impl, rename = hf.load(ckpt_dir, kind, conf.get("text_config"), weights)
-            missing, bad = hf.check_params(model, weights, rename)
-            renames[name] = rename
-            ref = reference(hf.fwd(model), cfg.vocab_size, seed)
-            d = max_diff(ref, ref_mine)
-            info = {"reference_source": "transformers %s %s float64 CPU" % (hf.version, type(model).__name__),
-                    "attn_implementation": impl, "loading_info": loading,
-                    "params_missing_in_hf": missing, "params_changed_in_hf": bad,
-                    "qwen35_torch_max_abs_logprob_diff": d, "greedy_equal_qwen35_torch": greedy_agree(ref, ref_mine)}
-            if missing or bad:
-                manifest["warnings"].append("%s: weights did not arrive in transformers unchanged: missing %s changed %s"
-                                            % (name, missing[:5], bad[:5]))
-            if kind == "causal" and not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight):
-                manifest["warnings"].append("causal_tied: transformers did not tie lm_head to embed_tokens")
-            if d > 1e-3:
-                manifest["warnings"].append("%s: qwen35_torch differs from transformers by %.3g" % (name, d))
-            if kind == "moe":
-                info["transformers_save_pretrained_expert_layout"] = hf.saved_expert_layout(
-                    model, os.path.join(args.out, ".tmp_save"))
-            made[name] = model
-            if hf.notes:
-                info["notes"] = list(hf.notes)
-                hf.notes.clear()
-        log("%s: max |logprob(ours) - logprob(ref)| = %.3g" % (name, max_diff(ref, ref_mine)))
-        ref["checkpoint"] = name
-        ref.update(info)
-        ref["visual_source"] = visual_source
-        if cfg.mtp_num_hidden_layers:
-            ref["mtp"] = mtp_reference(my_model, ref["sequences"][2]["ids"])
-        ref["stats"] = stats(ref)
-        if cfg.is_moe:
-            ref["stats"]["min_router_logit_gap"] = router_gap(my_model, ref)
-        write_ref(os.path.join(ckpt_dir, "reference.json"), ref)
-        record(name, bytes=dir_bytes(ckpt_dir), **{k: v for k, v in info.items() if k != "loading_info"},
-               stats=ref["stats"], visual=visual_source)
-        # ------------------------------------------------------------ MLX copies
-        variants = []
-        if name == "dense":
-            variants = [(2, 64), (3, 64), (4, 64), (8, 64), (4, 32)]
-        elif name == "moe":
-            variants = [(4, 32)]  # expert down_proj has 32 inputs: group 32 quantizes every matrix
+                model, loading, impl, rename = hf.load(ckpt_dir, kind, conf.get("text_config"), weights)
+                missing, bad = hf.check_params(model, weights, rename)
+                renames[name] = rename
+                ref = reference(hf.fwd(model), cfg.vocab_size, seed)
+                d = max_diff(ref, ref_mine)
+                info = {"reference_source": "transformers %s %s float64 CPU" % (hf.version, type(model).__name__),
+                        "attn_implementation": impl, "loading_info": loading,
+                        "params_missing_in_hf": missing, "params_changed_in_hf": bad,
+                        "qwen35_torch_max_abs_logprob_diff": d, "greedy_equal_qwen35_torch": greedy_agree(ref, ref_mine)}
+                if missing or bad:
+                    manifest["warnings"].append("%s: weights did not arrive in transformers unchanged: missing %s changed %s"
+                                                % (name, missing[:5], bad[:5]))
+                if kind == "causal" and not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight):
+                    manifest["warnings"].append("causal_tied: transformers did not tie lm_head to embed_tokens")
+                if d > 1e-3:
+                    manifest["warnings"].append("%s: qwen35_torch differs from transformers by %.3g" % (name, d))
+                if kind == "moe":
+                    info["transformers_save_pretrained_expert_layout"] = hf.saved_expert_layout(
+                        model, os.path.join(args.out, ".tmp_save"))
+                made[name] = model
+                if hf.notes:
+                    info["notes"] = list(hf.notes)
+                    hf.notes.clear()
+            log("%s: max |logprob(ours) - logprob(ref)| = %.3g" % (name, max_diff(ref, ref_mine)))
+            ref["checkpoint"] = name
+            ref.update(info)
+            ref["visual_source"] = visual_source
+            if cfg.mtp_num_hidden_layers:
+                ref["mtp"] = mtp_reference(my_model, ref["sequences"][2]["ids"])
+            ref["stats"] = stats(ref)
+            if cfg.is_moe:
+                ref["stats"]["min_router_logit_gap"] = router_gap(my_model, ref)
+            write_ref(os.path.join(ckpt_dir, "reference.json"), ref)
+            record(name, bytes=dir_bytes(ckpt_dir), **{k: v for k, v in info.items() if k != "loading_info"},
+                   stats=ref["stats"], visual=visual_source)
+            # ------------------------------------------------------------ MLX copies
+            variants = []
+            if name == "dense":
+                variants = [(2, 64), (3, 64), (4, 64), (8, 64), (4, 32)]
+            elif name == "moe":
+                variants = [(4, 32)]  # expert down_proj has 32 inputs: group 32 quantizes every matrix
+        except Exception:  # one broken checkpoint must not cost the others
+            import traceback
+            manifest["warnings"].append("%s: FAILED\n%s" % (name, traceback.format_exc()))
+            log("FAILED", name, traceback.format_exc())
+            continue
         for bits, group in variants:
-            mname = "%s_mlx_q%dg%d" % (name, bits, group)
-            log("building", mname)
-            mconf, mfiles, hf64 = mlx_copy(mname, conf, weights, bits, group, cfg.tie_word_embeddings,
-                                           router_bits=8 if kind == "moe" else None)
-            mdir = os.path.join(args.out, mname)
-            # reference: the same architecture on the dequantized weights
-            deq = {k: torch.from_numpy(np.asarray(v, dtype=np.float64)) for k, v in hf64.items()}
-            mm, mfwd = mine_fwd(cfg, deq)
-            mref_mine = reference(mfwd, cfg.vocab_size, seed)
-            minfo = {"reference_source": "qwen35_torch float64 on dequantized weights (smoke)"}
-            mref = mref_mine
-            if hf:
-                model = made[name]
-                missing = hf.set_weights(model, deq, renames[name])
-                if missing:
-                    manifest["warnings"].append("%s: dequantized tensors without a transformers parameter: %s" % (mname, missing[:5]))
-                mref = reference(hf.fwd(model), cfg.vocab_size, seed)
-                minfo = {"reference_source": "transformers %s float64 CPU on the dequantized weights" % hf.version,
-                         "qwen35_torch_max_abs_logprob_diff": max_diff(mref, mref_mine)}
-            minfo["max_abs_logprob_diff_vs_bf16_reference"] = max_diff(mref, ref)
-            mref.update(minfo)
-            mref["checkpoint"] = mname
-            mref["quantization"] = mconf["quantization"]
-            mref["stats"] = stats(mref)
-            write_ckpt(mdir, mconf, mfiles, mref, metadata={"format": "mlx"})
-            record(mname, bytes=dir_bytes(mdir), **minfo, stats=mref["stats"])
-            log("%s: vs bf16 reference %.3g" % (mname, minfo["max_abs_logprob_diff_vs_bf16_reference"]))
+            try:
+                mname = "%s_mlx_q%dg%d" % (name, bits, group)
+                log("building", mname)
+                mconf, mfiles, hf64 = mlx_copy(mname, conf, weights, bits, group, cfg.tie_word_embeddings,
+                                               router_bits=8 if kind == "moe" else None)
+                mdir = os.path.join(args.out, mname)
+                # reference: the same architecture on the dequantized weights
+                deq = {k: torch.from_numpy(np.asarray(v, dtype=np.float64)) for k, v in hf64.items()}
+                mm, mfwd = mine_fwd(cfg, deq)
+                mref_mine = reference(mfwd, cfg.vocab_size, seed)
+                minfo = {"reference_source": "qwen35_torch float64 on dequantized weights (smoke)"}
+                mref = mref_mine
+                if hf:
+                    model = made[name]
+                    missing = hf.set_weights(model, deq, renames[name])
+                    if missing:
+                        manifest["warnings"].append("%s: dequantized tensors without a transformers parameter: %s" % (mname, missing[:5]))
+                    mref = reference(hf.fwd(model), cfg.vocab_size, seed)
+                    minfo = {"reference_source": "transformers %s float64 CPU on the dequantized weights" % hf.version,
+                             "qwen35_torch_max_abs_logprob_diff": max_diff(mref, mref_mine)}
+                minfo["max_abs_logprob_diff_vs_bf16_reference"] = max_diff(mref, ref)
+                mref.update(minfo)
+                mref["checkpoint"] = mname
+                mref["quantization"] = mconf["quantization"]
+                mref["stats"] = stats(mref)
+                write_ckpt(mdir, mconf, mfiles, mref, metadata={"format": "mlx"})
+                record(mname, bytes=dir_bytes(mdir), **minfo, stats=mref["stats"])
+                log("%s: vs bf16 reference %.3g" % (mname, minfo["max_abs_logprob_diff_vs_bf16_reference"]))
+            except Exception:
+                import traceback
+                manifest["warnings"].append("%s_mlx_q%dg%d: FAILED\n%s" % (name, bits, group, traceback.format_exc()))
+                log("FAILED", name, bits, group, traceback.format_exc())
     total = sum(c["bytes"] for c in manifest["checkpoints"].values())
     manifest["total_bytes"] = total
     if total > args.max_bytes:
