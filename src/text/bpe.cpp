@@ -1,6 +1,8 @@
 #include "text/bpe.h"
 
+#include <atomic>
 #include <climits>
+#include <cstring>
 #include <queue>
 
 #include "text/unicode_utf8.h"
@@ -52,18 +54,39 @@ struct BpeModel::MergeTable {
   }
 };
 
-// Bounded word cache: pre-tokens shorter than kMaxWordBytes map to their ids. Shards are guarded
-// by a mutex taken with try_lock, so concurrent encoders never wait (a busy shard is a miss).
-// A full shard is cleared, which bounds memory at kShards * kMaxEntries words.
+// Bounded word cache: pre-tokens shorter than kMaxWordBytes map to their ids. Each shard is a
+// direct-mapped table (a new word replaces the one in its slot, which bounds memory) guarded by a
+// spin flag taken with one try: concurrent encoders never wait, a busy shard counts as a miss.
 struct BpeModel::Cache {
   static constexpr size_t kShards = 16;
-  static constexpr size_t kMaxEntries = 8192;
+  static constexpr size_t kSlotsPerShard = 4096;  // power of two
   static constexpr size_t kMaxWordBytes = 256;
+  struct Slot {
+    uint64_t hash = 0;
+    std::string word;
+    std::vector<int32_t> ids;
+  };
   struct Shard {
-    std::mutex mu;
-    std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
+    std::atomic_flag busy;
+    std::vector<Slot> slots{kSlotsPerShard};
   };
   std::array<Shard, kShards> shards;
+
+  // Words are short: a simple multiplicative hash over 8-byte blocks is enough and fast.
+  static uint64_t hash(std::string_view w) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ w.size();
+    size_t i = 0;
+    for (; i + 8 <= w.size(); i += 8) {
+      uint64_t k;
+      std::memcpy(&k, w.data() + i, 8);
+      h = (h ^ k) * 0xff51afd7ed558ccdULL;
+      h ^= h >> 32;
+    }
+    uint64_t k = 0;
+    std::memcpy(&k, w.data() + i, w.size() - i);
+    h = (h ^ k) * 0xc4ceb9fe1a85ec53ULL;
+    return h ^ (h >> 29);
+  }
 };
 
 BpeModel::BpeModel(const VocabMap& vocab, const std::vector<Merge>& merges,
@@ -96,16 +119,17 @@ void BpeModel::encode_word(std::string_view word, bool byte_level,
                            std::vector<int32_t>& out) const {
   if (word.empty()) return;
   const bool cacheable = word.size() < Cache::kMaxWordBytes;
+  uint64_t h = 0;
   Cache::Shard* shard = nullptr;
   if (cacheable) {
-    shard = &cache_->shards[std::hash<std::string_view>{}(word) % Cache::kShards];
-    std::unique_lock lock(shard->mu, std::try_to_lock);
-    if (lock.owns_lock()) {
-      auto it = shard->map.find(word);
-      if (it != shard->map.end()) {
-        out.insert(out.end(), it->second.begin(), it->second.end());
-        return;
-      }
+    h = Cache::hash(word);
+    shard = &cache_->shards[h % Cache::kShards];
+    if (!shard->busy.test_and_set(std::memory_order_acquire)) {
+      const Cache::Slot& slot = shard->slots[(h >> 8) & (Cache::kSlotsPerShard - 1)];
+      const bool hit = slot.hash == h && slot.word == word;
+      if (hit) out.insert(out.end(), slot.ids.begin(), slot.ids.end());
+      shard->busy.clear(std::memory_order_release);
+      if (hit) return;
     }
   }
   const size_t first = out.size();
@@ -159,12 +183,12 @@ void BpeModel::encode_word(std::string_view word, bool byte_level,
       emit(word, syms, out);
     }
   }
-  if (shard != nullptr) {
-    std::unique_lock lock(shard->mu, std::try_to_lock);
-    if (lock.owns_lock()) {
-      if (shard->map.size() >= Cache::kMaxEntries) shard->map.clear();
-      shard->map.emplace(std::string(word), std::vector<int32_t>(out.begin() + first, out.end()));
-    }
+  if (shard != nullptr && !shard->busy.test_and_set(std::memory_order_acquire)) {
+    Cache::Slot& slot = shard->slots[(h >> 8) & (Cache::kSlotsPerShard - 1)];
+    slot.hash = h;
+    slot.word.assign(word);
+    slot.ids.assign(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
+    shard->busy.clear(std::memory_order_release);
   }
 }
 

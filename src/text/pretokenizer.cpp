@@ -43,6 +43,7 @@ void split_at(std::string_view text, const std::vector<std::pair<size_t, size_t>
     bool delim;
   };
   std::vector<Seg> segs;
+  segs.reserve(matches.size() * 2 + 1);
   size_t prev = 0;
   for (auto [b, e] : matches) {
     if (b > prev) segs.push_back({prev, b, invert});
@@ -111,10 +112,10 @@ class Split final : public PreTokenizer {
   void apply(PreTokenized& pt) const override {
     pt.materialize();
     std::vector<std::string_view> out;
-    out.reserve(pt.pieces.size() * 4);
     for (std::string_view p : pt.pieces) {
       pt.matches.clear();
       re_.find_all(p, pt.regex, pt.matches);
+      out.reserve(out.size() + pt.matches.size() * 2 + 1);
       split_at(p, pt.matches, behavior_, invert_, out);
     }
     pt.pieces.swap(out);

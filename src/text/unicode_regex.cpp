@@ -143,10 +143,15 @@ Regex::Regex(std::string_view pattern, bool literal, std::string_view where)
          std::string(pattern), translated, err_off, reinterpret_cast<const char*>(msg));
   }
   jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+  context_ = pcre2_match_context_create(nullptr);
+  TM_CHECK(context_ != nullptr, "pcre2_match_context_create failed");
+  pcre2_set_match_limit(context_, 10'000'000);
+  pcre2_set_depth_limit(context_, 100'000);
 }
 
 Regex::~Regex() {
   if (code_ != nullptr) pcre2_code_free(code_);
+  if (context_ != nullptr) pcre2_match_context_free(context_);
 }
 
 void Regex::find_all(std::string_view text, RegexScratch& scratch,
@@ -156,8 +161,8 @@ void Regex::find_all(std::string_view text, RegexScratch& scratch,
   size_t pos = 0;
   while (pos <= n) {
     const int rc =
-        jit_ ? pcre2_jit_match(code_, subject, n, pos, 0, scratch.data(), nullptr)
-             : pcre2_match(code_, subject, n, pos, PCRE2_NO_UTF_CHECK, scratch.data(), nullptr);
+        jit_ ? pcre2_jit_match(code_, subject, n, pos, 0, scratch.data(), context_)
+             : pcre2_match(code_, subject, n, pos, PCRE2_NO_UTF_CHECK, scratch.data(), context_);
     if (rc == PCRE2_ERROR_NOMATCH) return;
     if (rc < 0) {
       PCRE2_UCHAR msg[256];

@@ -10,6 +10,7 @@
 
 struct pcre2_real_code_8;
 struct pcre2_real_match_data_8;
+struct pcre2_real_match_context_8;
 
 namespace tokenmill::text {
 
@@ -40,7 +41,10 @@ class Regex {
   // as plain text. Throws tokenmill::Error naming `where` if PCRE2 rejects it.
   Regex(std::string_view pattern, bool literal, std::string_view where);
   ~Regex();
-  Regex(Regex&& o) noexcept : code_(o.code_), jit_(o.jit_) { o.code_ = nullptr; }
+  Regex(Regex&& o) noexcept : code_(o.code_), context_(o.context_), jit_(o.jit_) {
+    o.code_ = nullptr;
+    o.context_ = nullptr;
+  }
   Regex& operator=(Regex&&) = delete;
   Regex(const Regex&) = delete;
 
@@ -52,6 +56,8 @@ class Regex {
 
  private:
   pcre2_real_code_8* code_;
+  pcre2_real_match_context_8*
+      context_;  // match/depth limits: a pathological pattern fails, not hangs
   bool jit_;
 };
 
