@@ -2,6 +2,8 @@
 // post-processor; decoder chain), following @lenml/tokenizers' PreTrainedTokenizer.
 #include "text/tokenizer.h"
 
+#include <utf8proc.h>
+
 #include <filesystem>
 
 #include "text/tokenizer_impl.h"
@@ -42,20 +44,32 @@ struct Section {
   int added;  // index into Impl::added, or -1 for text
 };
 
+// A word character for single_word added tokens: a letter, a number or '_' (HF's \w).
 bool is_word_char(std::string_view s, size_t pos, bool before) {
+  size_t start = pos;
   if (before) {
     if (pos == 0) return false;
-    size_t start = pos - 1;
+    start = pos - 1;
     while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
-    size_t len = 0;
-    const char32_t cp = text::decode_utf8(s, start, len);
-    return cp == '_' ||
-           (cp < 128 ? std::isalnum(static_cast<int>(cp)) != 0 : !text::is_js_space(cp));
+  } else if (pos >= s.size()) {
+    return false;
   }
-  if (pos >= s.size()) return false;
   size_t len = 0;
-  const char32_t cp = text::decode_utf8(s, pos, len);
-  return cp == '_' || (cp < 128 ? std::isalnum(static_cast<int>(cp)) != 0 : !text::is_js_space(cp));
+  const char32_t cp = text::decode_utf8(s, start, len);
+  if (cp == '_') return true;
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(cp))) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_NO:
+      return true;
+    default:
+      return false;
+  }
 }
 
 // Splits `text` at added tokens, leftmost-longest. single_word tokens only match between

@@ -1,6 +1,7 @@
 // Loading tokenizer.json / tokenizer_config.json into Tokenizer::Impl, with every malformed
 // input reported as tokenmill::Error naming the file and key.
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -301,7 +302,10 @@ void Tokenizer::Impl::load_config(const std::string& path) {
     if (cfg.contains("chat_template")) chat_template = cfg["chat_template"];
     if (cfg.contains("model_max_length")) {
       const json& v = cfg["model_max_length"];
-      if (v.is_number_integer()) model_max_length = v.get<int64_t>();
+      const bool fits =
+          v.is_number_integer() &&
+          !(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX));
+      if (fits) model_max_length = v.get<int64_t>();
     }
     // skip_special_tokens also drops the config's additional special tokens (as the reference).
     if (cfg.contains("additional_special_tokens") && cfg["additional_special_tokens"].is_array()) {
