@@ -290,6 +290,34 @@ S("syntax_error_line_number", "line1\nline2\n{{ 1 + }}\nline4")
 S("runtime_error_line_number", "line1\n{% for x in [1] %}\n  {{ x + 'a' }}\n{% endfor %}")
 
 
+# idioms from other model families' templates
+MSGS = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"},
+        {"role": "assistant", "content": "A1", "tool_calls": [{"function": {"name": "f", "arguments": {"q": "x", "n": 2}}}]},
+        {"role": "user", "content": [{"type": "text", "text": "U2"}]}]
+S("idiom_rejectattr_system", "{% set loop_messages = messages | rejectattr('role', 'equalto', 'system') | list %}{{ loop_messages | length }}{{ loop_messages[0].role }}", messages=MSGS)
+S("idiom_alternation_check", "{% for m in messages[1:] %}{{ ((m.role == 'user') != (loop.index0 % 2 == 0)) | string }}{% endfor %}", messages=MSGS)
+S("idiom_content_is_string", "{% for m in messages %}{{ m.content if m.content is string else m.content[0].text }};{% endfor %}", messages=MSGS)
+S("idiom_tojson_indent_tools", "{%- for tool in tools %}{{- tool | tojson(indent=4) }}\n\n{% endfor %}", tools=[{"type": "function", "function": {"name": "f", "parameters": {"a": [1, {"b": "é"}]}}}])
+S("idiom_args_items", "{% for k, v in messages[2].tool_calls[0].function.arguments | items %}{{ k }}={{ v | tojson }} {% endfor %}", messages=MSGS)
+S("idiom_join_roles", "{{ messages | map(attribute='role') | join(',') }} {{ messages | map(attribute='role') | unique | list | length }}", messages=MSGS)
+S("idiom_trailing_commas", "{{ [1, 2,] }} {{ {'a': 1,} }} {{ (1, 2,) }} {{ dict(a=1,) }}")
+S("idiom_get_default", "{{ (x or {}).get('a', 'd') }} {{ x.get('k') is none }}", x={"k": None})
+S("idiom_conditional_set", "{% set ns = namespace(n=0) %}{% for i in range(5) %}{% set ns.n = ns.n + 1 if i is even else ns.n %}{% endfor %}{{ ns.n }}")
+S("idiom_not_last_sep", "{% for x in ['a', 'b', 'c'] %}{{ x }}{% if not loop.last %}, {% endif %}{% endfor %}")
+S("idiom_join_method", "{{ '\n\n'.join(xs) }}|{{ ''.join(xs | reverse) }}", xs=["p", "q"])
+S("idiom_default_concat", "{% set x = x | default([]) + [1] %}{{ x }}")
+S("idiom_sameas", "{{ f is sameas false }} {{ n is sameas none }} {{ 0 is sameas false }}", f=False, n=None)
+S("idiom_llama31_date", "{%- if not date_string is defined %}{%- set date_string = strftime_now('%d %b %Y') %}{%- endif %}Today Date: {{ date_string }}\n")
+S("idiom_whitespace_loop", "<s>\n{%- for m in ms %}\n    {%- if m %}\n        {{- '[' + m + ']' }}\n    {%- endif %}\n{%- endfor %}\n</s>", ms=["a", "", "b"])
+S("idiom_tabs_lstrip", "a\n\t\t{% if true %}\n\tb\n\t{% endif %}\nc")
+S("idiom_message_attr_vs_item", "{% for m in messages %}{{ m['role'] }}{{ m.role }}{% endfor %}", messages=MSGS[:2])
+S("idiom_content_none", "[{{ m.content }}][{{ m.content is none }}][{{ (m.content or '') | trim }}]", m={"content": None})
+S("idiom_string_compare_unicode", "{{ 'é' > 'z' }} {{ 'B' < 'a' }} {{ ['b', 'é', 'a'] | sort }}")
+S("idiom_is_not_none_chain", "{{ x is not none and x | length > 0 }} {{ y is not none and y | length > 0 }}", x=[1], y=None)
+S("idiom_loop_length_index", "{% for m in messages %}{% if loop.index == loop.length %}last={{ m.role }}{% endif %}{% endfor %}", messages=MSGS)
+S("idiom_split_lines_strip", "{% for line in text.split('\n') %}{{ line.strip() }}|{% endfor %}", text=" a \n b\n\nc ")
+
+
 # ---- conversation matrix ---------------------------------------------------------------------
 
 TOOLS = [

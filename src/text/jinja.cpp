@@ -27,8 +27,22 @@ std::string Template::render(const nlohmann::ordered_json& context,
   } catch (const RuntimeError& e) {
     fail("{}: bad template context: {}", program_->name, e.what());
   }
+  // The output is mostly the context's text plus the template's: reserve about that much.
+  size_t hint = 4096;
+  if (context.is_object()) {
+    std::vector<const nlohmann::ordered_json*> stack = {&context};
+    while (!stack.empty()) {
+      const auto* j = stack.back();
+      stack.pop_back();
+      if (j->is_string()) {
+        hint += j->get_ref<const std::string&>().size();
+      } else if (j->is_structured()) {
+        for (const auto& e : *j) stack.push_back(&e);
+      }
+    }
+  }
   Interp interp(*program_, options);
-  return interp.render(vars);
+  return interp.render(vars, hint * 2);
 }
 
 const std::string& Template::source_name() const {

@@ -41,7 +41,8 @@ class Interp {
   Interp(const Program& program, const RenderOptions& options);
 
   // Renders with the given variables; throws tokenmill::Error "<source>:<line>: <message>".
-  std::string render(const std::vector<std::pair<std::string, Value>>& vars);
+  // size_hint: expected output bytes (reserved up front).
+  std::string render(const std::vector<std::pair<std::string, Value>>& vars, size_t size_hint = 0);
 
   // ---- used by filters, tests and methods ----
   Value call(const Value& fn, CallArgs& args);
@@ -83,6 +84,7 @@ class Interp {
   Scope* scope_ = nullptr;
   std::string* out_ = nullptr;
   size_t total_out_ = 0;
+  size_t size_hint_ = 0;
   uint64_t steps_ = 0;
   int call_depth_ = 0;
   int line_ = 0;

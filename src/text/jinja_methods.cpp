@@ -14,21 +14,36 @@ std::u32string strip_set(const Value* chars) {
   return utf8_decode(chars->str());
 }
 
+// str.strip/lstrip/rstrip. Works on bytes at the ends (no whole-string decode): ASCII bytes are
+// always their own code point, so only a non-ASCII last character needs a full decode.
 std::string do_strip(const std::string& s, const Value* chars, bool left, bool right) {
-  std::u32string c = utf8_decode(s);
   std::u32string set = strip_set(chars);
   bool ws = !chars || chars->is_none();
   auto strip_it = [&](char32_t ch) {
     return ws ? py_isspace(ch) : set.find(ch) != std::u32string::npos;
   };
-  size_t b = 0, e = c.size();
+  size_t b = 0, e = s.size();
   if (left) {
-    while (b < e && strip_it(c[b])) ++b;
+    while (b < e) {
+      size_t next = b;
+      if (!strip_it(utf8_next(s, next))) break;
+      b = next;
+    }
   }
   if (right) {
-    while (e > b && strip_it(c[e - 1])) --e;
+    while (e > b) {
+      auto last = static_cast<unsigned char>(s[e - 1]);
+      if (last >= 0x80) {
+        std::u32string c = utf8_decode(std::string_view(s).substr(b, e - b));
+        size_t n = c.size();
+        while (n > 0 && strip_it(c[n - 1])) --n;
+        return utf8_encode(std::u32string_view(c).substr(0, n));
+      }
+      if (!strip_it(last)) break;
+      --e;
+    }
   }
-  return utf8_encode(std::u32string_view(c).substr(b, e - b));
+  return s.substr(b, e - b);
 }
 
 int64_t opt_int(const Value* v, int64_t def) {
@@ -130,8 +145,20 @@ Value split(Interp& in, const std::string& s, const Value* sepv, const Value* ma
   return Value::list(std::move(parts));
 }
 
+bool is_ascii(const std::string& s) {
+  return std::all_of(s.begin(), s.end(), [](char ch) { return (ch & 0x80) == 0; });
+}
+
 bool affix_match(const std::string& s, const Value& affix, const Value* a, const Value* b,
                  bool prefix) {
+  // Fast path: ASCII affixes without bounds compare bytes (an ASCII byte is always one code
+  // point, so byte and code-point matching agree).
+  if ((!a || a->is_none()) && (!b || b->is_none()) && affix.is_string() && is_ascii(affix.str())) {
+    const std::string& f = affix.str();
+    if (f.size() > s.size()) return false;
+    return prefix ? s.compare(0, f.size(), f) == 0
+                  : s.compare(s.size() - f.size(), f.size(), f) == 0;
+  }
   std::u32string c = utf8_decode(s);
   int64_t lo = 0, hi = 0;
   bounds(a, b, static_cast<int64_t>(c.size()), lo, hi);

@@ -596,28 +596,28 @@ int64_t py_len(const Value& v) {
 
 // ---- UTF-8 and character classes ------------------------------------------------------------
 
+char32_t utf8_next(std::string_view s, size_t& i) {
+  auto b = static_cast<unsigned char>(s[i]);
+  if (b < 0x80) {
+    ++i;
+    return b;
+  }
+  utf8proc_int32_t cp = -1;
+  utf8proc_ssize_t n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
+                                        static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
+  if (n <= 0 || cp < 0) {
+    ++i;
+    return 0xDC00 + b;  // surrogateescape
+  }
+  i += static_cast<size_t>(n);
+  return static_cast<char32_t>(cp);
+}
+
 std::u32string utf8_decode(std::string_view s) {
   std::u32string out;
   out.reserve(s.size());
   size_t i = 0;
-  while (i < s.size()) {
-    auto b = static_cast<unsigned char>(s[i]);
-    if (b < 0x80) {
-      out.push_back(b);
-      ++i;
-      continue;
-    }
-    utf8proc_int32_t cp = -1;
-    utf8proc_ssize_t n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
-                                          static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
-    if (n <= 0 || cp < 0) {
-      out.push_back(0xDC00 + b);  // surrogateescape
-      ++i;
-    } else {
-      out.push_back(static_cast<char32_t>(cp));
-      i += static_cast<size_t>(n);
-    }
-  }
+  while (i < s.size()) out.push_back(utf8_next(s, i));
   return out;
 }
 
@@ -651,8 +651,12 @@ std::string utf8_encode(std::u32string_view s) {
 }
 
 size_t utf8_length(std::string_view s) {
-  bool ascii = std::all_of(s.begin(), s.end(), [](char c) { return (c & 0x80) == 0; });
-  return ascii ? s.size() : utf8_decode(s).size();
+  size_t n = 0, i = 0;
+  while (i < s.size()) {
+    utf8_next(s, i);
+    ++n;
+  }
+  return n;
 }
 
 namespace {

@@ -143,7 +143,12 @@ class Value {
   int64_t as_int() const { return std::get<int64_t>(v_); }
   double as_float() const { return std::get<double>(v_); }
   // Integer view of int or bool (Python's bool is an int).
-  int64_t int_value() const { return kind_ == Kind::Bool ? (as_bool() ? 1 : 0) : as_int(); }
+  // Raises a Python-style TypeError for other types.
+  int64_t int_value() const {
+    if (kind_ == Kind::Bool) return as_bool() ? 1 : 0;
+    if (kind_ != Kind::Int) rfail("'{}' object cannot be interpreted as an integer", type_name());
+    return as_int();
+  }
   // Float view of int, bool or float.
   double num_value() const;
   const std::string& str() const { return std::get<std::string>(v_); }  // String only
@@ -204,6 +209,8 @@ int64_t py_len(const Value& v);
 // UTF-8 <-> code points. Invalid bytes map to U+DC80+byte (surrogateescape) and back, so any
 // byte string round-trips.
 std::u32string utf8_decode(std::string_view s);
+// Decodes the code point at s[i] (i < s.size()) and advances i past it.
+char32_t utf8_next(std::string_view s, size_t& i);
 std::string utf8_encode(std::u32string_view s);
 void utf8_append(std::string& out, char32_t c);
 size_t utf8_length(std::string_view s);
