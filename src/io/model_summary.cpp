@@ -189,7 +189,7 @@ nlohmann::ordered_json summary_to_json(const ModelSummary& s) {
 std::string summary_to_text(const ModelSummary& s) {
   std::string o;
   auto line = [&o](std::string_view key, const std::string& value) {
-    o += fmt::format("{:<22}{}\n", std::string(key) + ":", value);
+    o += fmt::format("{:<22}{}\n", key.empty() ? std::string() : std::string(key) + ":", value);
   };
   line("model", s.dir);
   line("architecture",
@@ -200,8 +200,12 @@ std::string summary_to_text(const ModelSummary& s) {
   line("tensor layout",
        fmt::format("{}{}", s.layout, s.norms_stored_plus_one ? " (norms stored as 1+w)" : ""));
   line("parameters", fmt::format("{} (text model), {} (MTP)", s.params, s.mtp_params));
-  for (const auto& f : s.bytes_by_format) {
-    line("weights " + f.format, fmt::format("{} in {} tensors", format_bytes(f.bytes), f.tensors));
+  size_t width = 0;
+  for (const auto& f : s.bytes_by_format) width = std::max(width, f.format.size());
+  for (size_t i = 0; i < s.bytes_by_format.size(); ++i) {
+    const FormatBytes& f = s.bytes_by_format[i];
+    line(i == 0 ? "weights by format" : "",
+         fmt::format("{:<{}}  {} ({} tensors)", f.format, width, format_bytes(f.bytes), f.tensors));
   }
   if (s.quant.bits == 0) {
     line("quantization", "none");
