@@ -125,6 +125,9 @@ class QwenOutputParser final : public OutputParser {
     size_t n_tags = 0;
     if (in_reasoning) {
       tags[n_tags++] = kThinkClose;
+      // A model may repeat the "<think>" its prompt already opened: dropped while nothing but
+      // newlines came before it.
+      if (!reasoning_.strip.empty()) tags[n_tags++] = kThinkOpen;
     } else {
       tags[n_tags++] = kThinkClose;  // stray close (thinking off, or after the block): dropped
       if (opts_.reasoning && !reasoning_opened_) tags[n_tags++] = kThinkOpen;
@@ -160,7 +163,9 @@ class QwenOutputParser final : public OutputParser {
     sink.write(rest.substr(0, at), out);
     const size_t tag_pos = pos_ + at;
     pos_ = tag_pos + tag.size();
-    if (tag == kThinkOpen) {
+    if (tag == kThinkOpen && in_reasoning) {
+      if (reasoning_.strip.empty()) reasoning_.write(tag, out);  // text came first: it is text
+    } else if (tag == kThinkOpen) {
       content_.held.clear();
       state_ = State::kReasoning;
       reasoning_opened_ = true;

@@ -306,16 +306,20 @@ bool ToolCallParser::step_xml_body(std::string_view body, std::vector<OutputEven
     if (could_become(rest, tag)) return false;
   }
   if (rest.starts_with(kParameter)) {
+    // Decided from the name's own bytes, so any split of the text decides the same way.
     const size_t gt = rest.find('>', kParameter.size());
-    if (gt == std::string_view::npos && rest.size() <= kParameter.size() + kMaxName) return false;
-    if (gt != std::string_view::npos) {
-      param_ = std::string(trim(rest.substr(kParameter.size(), gt - kParameter.size())));
+    const std::string_view raw = rest.substr(
+        kParameter.size(), gt == std::string_view::npos ? rest.npos : gt - kParameter.size());
+    const bool bad = raw.find_first_of("<\n") != std::string_view::npos || raw.size() > kMaxName;
+    if (gt == std::string_view::npos && !bad) return false;
+    if (!bad) {
+      param_ = std::string(trim(raw));
       pos_ = i + gt + 1;
       scan_ = pos_;
       state_ = State::kXmlValue;
       return true;
     }
-    // No '>' within kMaxName bytes: not a parameter tag; skipped like other stray text below.
+    // Not a parameter tag: skipped like other stray text below.
   }
   if (rest.starts_with(kFunctionEnd) || rest.starts_with(kClose)) {
     add_arguments(args_.empty() ? "{}" : "}", out);

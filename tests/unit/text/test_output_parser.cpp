@@ -56,6 +56,10 @@ std::vector<Case> canonical_cases() {
                 opts(true, true),
                 "Reasoning <here>\n\n</think>\n\nAnswer: <b>yes</b>\n",
                 {"Reasoning <here>", "Answer: <b>yes</b>\n", {}, {}}});
+  cs.push_back({"repeated_open_in_reasoning",
+                opts(true, true),
+                "\n<think>\nR <think> r\n</think>\n\nC",
+                {"R <think> r", "C", {}, {}}});
   cs.push_back({"thinking_off_stray_close",
                 opts(false, false),
                 "</think>\n\nHello <think>x</think> world",
@@ -108,6 +112,15 @@ std::vector<Case> canonical_cases() {
                  "<tool_call>\n<function=get_weather>\n<parameter=days>\n1\n</parameter>\n<param",
                  {},
                  {false, true}}});
+  // Found by fuzz_output_parser: a parameter "name" running into other markup or past 256 bytes
+  // is stray text, decided the same way however the text is split.
+  cs.push_back({"xml_bad_parameter_names",
+                opts(false, false, ToolCallFormat::kAuto, kTools),
+                "<tool_call>\n<function=run>\n<parameter=x<y>\n1\n</parameter>\n<parameter=" +
+                    std::string(300, 'n') +
+                    ">\n2\n</parameter>\n<parameter=cmd>\nok\n"
+                    "</parameter>\n</function>\n</tool_call>",
+                {"", "", {call(0, "run", R"({"cmd":"ok"})")}, {}}});
   cs.push_back({"tools_off_is_content",
                 opts(false, false),
                 "<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
