@@ -8,6 +8,9 @@ void register_commands(CLI::App& app) {
   register_version(app);
   register_inspect(app);
   register_bench(app);
+  register_run(app);
+  register_perplexity(app);
+  register_generate(app);
 }
 
 }  // namespace tokenmill::app

@@ -13,5 +13,8 @@ void register_commands(CLI::App& app);
 void register_version(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_run(CLI::App& app);
+void register_perplexity(CLI::App& app);
+void register_generate(CLI::App& app);
 
 }  // namespace tokenmill::app

@@ -56,7 +56,8 @@ double worst_logprob_error(Harness& h, const nlohmann::json& ref) {
     const auto& want = seq["next_logprobs"];
     for (size_t t = 0; t + 1 < ids.size(); ++t) {
       double got = token_logprob(&logits[t * h.vocab()], h.vocab(), ids[t + 1], 0, nullptr);
-      worst = std::max(worst, std::fabs(got - want[t].get<double>()));
+      double err = std::fabs(got - want[t].get<double>());
+      worst = std::isnan(err) ? INFINITY : std::max(worst, err);  // NaN must fail
     }
   }
   return worst;
