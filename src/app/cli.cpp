@@ -10,6 +10,7 @@
 namespace tokenmill::app {
 
 int main(int argc, char** argv) {
+  log::init();
   CLI::App app{"tokenmill: fast local inference for Qwen3.5-family hybrid models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tokenmill 0.1.0");

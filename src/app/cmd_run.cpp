@@ -105,6 +105,7 @@ nlohmann::ordered_json chat_turn(LoadedModel& m, Engine& engine, const RunOption
   show(parser->finish());
   if (o.color && in_dim) std::fputs("\x1b[0m", stdout);
   std::printf("\n");
+  std::fflush(stdout);  // the speed line goes to stderr: keep it after the reply
   if (!error.empty()) fail("generation failed: {}", error);
   double prefill_s = std::chrono::duration<double>((generated ? first : t1) - t0).count();
   double decode_s = std::chrono::duration<double>(t1 - first).count();

@@ -10,6 +10,8 @@ using spdlog::error;
 using spdlog::info;
 using spdlog::warn;
 
+// Sends log lines to stderr (stdout carries command output, e.g. JSON). Call once at start-up.
+void init();
 // level: "debug", "info", "warn", "error", "off".
 void set_level(const std::string& level);
 
