@@ -12,12 +12,15 @@ apt_packages=(
   build-essential cmake ninja-build pkg-config git clang clang-format libclang-rt-14-dev
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
   libpcre2-dev libutf8proc-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-jinja2 python3-numpy gnuplot-nox nodejs npm
+  python3 python3-jinja2 python3-numpy gnuplot-nox
 )
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm: Debian's packages unless a Node.js install is already on the PATH.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
