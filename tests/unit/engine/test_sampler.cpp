@@ -1,0 +1,121 @@
+// Sampler semantics against distributions computed directly in the test: each filter keeps
+// exactly the tokens it should, penalties follow vLLM's formulas, draws are seeded.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "engine/sampler.h"
+
+namespace tokenmill {
+namespace {
+
+// Empirical token frequencies over many seeded draws.
+std::map<int32_t, double> frequencies(const SamplingParams& p, const std::vector<float>& logits,
+                                      int draws, const std::vector<int32_t>& prompt = {}) {
+  std::map<int32_t, double> f;
+  for (int i = 0; i < draws; ++i) {
+    Sampler s(p, 1000 + i, prompt);
+    std::vector<float> l = logits;
+    f[s.sample(l.data(), static_cast<int>(l.size()), nullptr)] += 1.0 / draws;
+  }
+  return f;
+}
+
+std::vector<double> softmax(const std::vector<float>& l, double t) {
+  double m = *std::max_element(l.begin(), l.end()), z = 0;
+  std::vector<double> p(l.size());
+  for (size_t i = 0; i < l.size(); ++i) z += p[i] = std::exp((l[i] - m) / t);
+  for (double& x : p) x /= z;
+  return p;
+}
+
+const std::vector<float> kLogits = {2.0f, 1.5f, 1.0f, 0.0f, -1.0f, -3.0f};
+
+TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler s(p, 1, {});
+  std::vector<float> l = {0.5f, 3.0f, 3.0f, 1.0f};
+  EXPECT_EQ(s.sample(l.data(), 4, nullptr), 1);
+}
+
+TEST(Sampler, TemperatureMatchesSoftmax) {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  auto f = frequencies(p, kLogits, 20000);
+  auto want = softmax(kLogits, 0.7);
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(f[i], want[i], 0.015) << i;
+}
+
+TEST(Sampler, TopKTopPMinPKeepExactlyTheRightTokens) {
+  SamplingParams p;
+  p.top_k = 2;
+  auto f = frequencies(p, kLogits, 4000);
+  for (auto& [t, x] : f) EXPECT_LT(t, 2) << "top_k=2 drew token " << t;
+  // top_p: keep the smallest prefix whose mass reaches p. Probabilities at T=1:
+  auto probs = softmax(kLogits, 1.0);
+  SamplingParams q;
+  q.top_p = static_cast<float>(probs[0] + probs[1] + 0.5 * probs[2]);  // needs tokens 0..2
+  f = frequencies(q, kLogits, 4000);
+  EXPECT_GT(f[2], 0.0);
+  for (auto& [t, x] : f) EXPECT_LT(t, 3) << "top_p drew token " << t;
+  // min_p: keep tokens with p >= min_p * p_max.
+  SamplingParams r;
+  r.min_p = static_cast<float>(probs[3] / probs[0]) + 1e-4f;  // token 3 just below the cut
+  f = frequencies(r, kLogits, 4000);
+  EXPECT_GT(f[2], 0.0);
+  for (auto& [t, x] : f) EXPECT_LT(t, 3) << "min_p drew token " << t;
+}
+
+TEST(Sampler, PenaltiesFollowVllm) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 2.0f;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.25f;
+  Sampler s(p, 1, /*prompt=*/{1});
+  s.accept(0);
+  s.accept(0);
+  // token 0: repetition (2.0 -> 1.0), then frequency 2*0.25 and presence 0.5 -> 0.0
+  // token 1 (prompt only): 1.5 -> 0.75; token 2 untouched: 1.0 -> wins.
+  std::vector<float> l = kLogits;
+  EXPECT_EQ(s.sample(l.data(), 6, nullptr), 2);
+  EXPECT_FLOAT_EQ(l[0], 0.0f);
+  EXPECT_FLOAT_EQ(l[1], 0.75f);
+  // Negative logits are multiplied by the repetition penalty.
+  Sampler n(p, 1, {4});
+  std::vector<float> m = kLogits;
+  n.sample(m.data(), 6, nullptr);
+  EXPECT_FLOAT_EQ(m[4], -2.0f);
+}
+
+TEST(Sampler, MaskAndSeeds) {
+  SamplingParams p;
+  std::vector<uint8_t> allowed = {0, 0, 0, 1, 0, 1};
+  for (int i = 0; i < 200; ++i) {
+    Sampler s(p, i, {});
+    std::vector<float> l = kLogits;
+    int32_t t = s.sample(l.data(), 6, allowed.data());
+    EXPECT_TRUE(t == 3 || t == 5);
+  }
+  Sampler a(p, 42, {}), b(p, 42, {});
+  for (int i = 0; i < 50; ++i) {
+    std::vector<float> la = kLogits, lb = kLogits;
+    EXPECT_EQ(a.sample(la.data(), 6, nullptr), b.sample(lb.data(), 6, nullptr));
+  }
+}
+
+TEST(Sampler, LogprobsAreRawLogSoftmax) {
+  std::vector<TopLogprob> top;
+  float lp = token_logprob(kLogits.data(), 6, 2, 3, &top);
+  auto probs = softmax(kLogits, 1.0);
+  EXPECT_NEAR(lp, std::log(probs[2]), 1e-6);
+  ASSERT_EQ(top.size(), 3u);
+  EXPECT_EQ(top[0].token, 0);
+  EXPECT_EQ(top[2].token, 2);
+  EXPECT_NEAR(top[1].logprob, std::log(probs[1]), 1e-6);
+}
+
+}  // namespace
+}  // namespace tokenmill
