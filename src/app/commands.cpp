@@ -11,6 +11,9 @@ void register_commands(CLI::App& app) {
   register_run(app);
   register_perplexity(app);
   register_generate(app);
+  register_serve(app);
+  register_daemon(app);
+  register_settings(app);
 }
 
 }  // namespace tokenmill::app

@@ -16,5 +16,8 @@ void register_bench(CLI::App& app);
 void register_run(CLI::App& app);
 void register_perplexity(CLI::App& app);
 void register_generate(CLI::App& app);
+void register_serve(CLI::App& app);     // cmd_serve.cpp
+void register_daemon(CLI::App& app);    // cmd_daemon.cpp: start, stop, restart, status
+void register_settings(CLI::App& app);  // cmd_settings.cpp
 
 }  // namespace tokenmill::app

@@ -12,7 +12,10 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-constexpr int kMaxWhitespace = 16;
+// Whitespace between tokens: small models otherwise pad JSON with spaces until max_tokens.
+constexpr int kMaxWhitespace = 2;
+// Digits in one number (integer and fraction parts), for the same reason.
+constexpr uint64_t kMaxDigits = 20;
 const char* const kSchemaParam = "response_format.json_schema.schema";
 
 struct Node {
@@ -460,6 +463,7 @@ class Matcher {
           if (ph != 8) f.count = 0;
           if (++f.count > 2) return;
         }
+        if (next >= 0 && is_digit(c) && ++f.seen > kMaxDigits) return;
         if (next >= 0) {
           f.phase = uint8_t(next);
           out.push_back(std::move(s));

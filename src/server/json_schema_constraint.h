@@ -10,7 +10,8 @@
 // one entry; $ref to #/$defs/... or #/definitions/... (recursion allowed). Annotations (title,
 // description, default, examples, format, $schema, $id) are ignored; other keywords that
 // restrict values (pattern, minimum, ...) are rejected, so an output never silently misses them.
-// Whitespace between tokens is limited to 16 bytes in a row so a model cannot pad forever.
+// Whitespace is limited to 2 bytes in a row and numbers to 20 digits, so a model cannot pad
+// a document until max_tokens.
 #pragma once
 
 #include <cstdint>

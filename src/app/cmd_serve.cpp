@@ -1,0 +1,251 @@
+// `tokenmill serve`: load the models and answer the OpenAI and Anthropic APIs in the foreground.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "app/commands.h"
+#include "app/serve_options.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "server/http_server.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+#include "util/error.h"
+#include "util/log.h"
+
+namespace tokenmill::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Everything one served model owns, in construction order.
+struct LoadedModel {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<ChatTemplate> chat_template;
+};
+
+// Fails with the owner's name when host:port cannot be bound (before loading models).
+void check_port_free(const std::string& host, int port) {
+  if (port == 0) return;
+  int fd = socket(host.find(':') != std::string::npos ? AF_INET6 : AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return;
+  int yes = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  int rc = -1;
+  if (host.find(':') != std::string::npos) {
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_port = htons(uint16_t(port));
+    if (inet_pton(AF_INET6, host.c_str(), &a.sin6_addr) == 1) {
+      rc = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    }
+  } else {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    std::string h = host == "localhost" ? "127.0.0.1" : host;
+    if (inet_pton(AF_INET, h.c_str(), &a.sin_addr) == 1) {
+      rc = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    } else {
+      rc = 0;  // a host name: let the server report it
+    }
+  }
+  int err = errno;
+  close(fd);
+  if (rc == 0) return;
+  if (err == EADDRINUSE) {
+    std::string owner = server::describe_port_owner(port);
+    fail("port {} is already in use{}: stop that process or pass --port", port,
+         owner.empty() ? "" : " by " + owner);
+  }
+  fail("cannot bind {}:{}: {}", host, port, std::strerror(err));
+}
+
+std::vector<int32_t> stop_ids_for(const std::string& dir, const Model& model,
+                                  const Tokenizer& tok) {
+  std::vector<int32_t> ids = model.config().eos_token_ids;
+  auto add = [&](int32_t id) {
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  };
+  if (auto e = tok.eos_id()) add(*e);
+  std::ifstream gc(fs::path(dir) / "generation_config.json");
+  if (gc) {
+    try {
+      auto j = nlohmann::json::parse(gc);
+      auto e = j.find("eos_token_id");
+      if (e != j.end() && e->is_number_integer()) add(e->get<int32_t>());
+      if (e != j.end() && e->is_array()) {
+        for (const auto& x : *e) {
+          if (x.is_number_integer()) add(x.get<int32_t>());
+        }
+      }
+    } catch (const nlohmann::json::exception& ex) {
+      fail("{}/generation_config.json: invalid JSON: {}", dir, ex.what());
+    }
+  }
+  // Chat models end their turn with <|im_end|> even when the config names another eos.
+  if (auto im = tok.token_to_id("<|im_end|>")) add(*im);
+  return ids;
+}
+
+}  // namespace
+
+void add_serve_options(CLI::App& cmd, ServeOptions& o) {
+  cmd.add_option("--model", o.models,
+                 "Model directory to serve (repeatable); default: the settings file's models");
+  cmd.add_option("--host", o.host, "Address to listen on (default 127.0.0.1)");
+  cmd.add_option("--port", o.port, "TCP port (default 8000; 0 = any free port)");
+  cmd.add_option("--settings", o.settings,
+                 "Settings file (default ~/.tokenmill/settings.json if present)");
+  cmd.add_option("--api-key", o.api_key, "Require this API key (also $TOKENMILL_API_KEY)");
+  cmd.add_option("--shutdown-timeout", o.shutdown_timeout_ms,
+                 "Milliseconds to let requests finish on SIGTERM before cancelling them")
+      ->capture_default_str();
+  add_device_options(cmd, o.device);
+}
+
+std::vector<std::string> serve_args(const ServeOptions& o) {
+  std::vector<std::string> a;
+  for (const auto& m : o.models) {
+    a.push_back("--model");
+    a.push_back(fs::absolute(m).lexically_normal().string());
+  }
+  if (!o.host.empty()) a.insert(a.end(), {"--host", o.host});
+  if (o.port >= 0) a.insert(a.end(), {"--port", std::to_string(o.port)});
+  if (!o.settings.empty()) a.insert(a.end(), {"--settings", fs::absolute(o.settings).string()});
+  a.insert(a.end(), {"--shutdown-timeout", std::to_string(o.shutdown_timeout_ms)});
+  a.insert(a.end(), {"--device", o.device.device, "--threads", std::to_string(o.device.threads)});
+  return a;
+}
+
+void run_server(const ServeOptions& o) {
+  // Settings: the file, then command-line overrides (re-applied on every reload).
+  std::string path = o.settings.empty() ? server::default_settings_path() : o.settings;
+  server::Settings settings = server::load_settings(path, !o.settings.empty());
+  std::string env_key = std::getenv("TOKENMILL_API_KEY") ? std::getenv("TOKENMILL_API_KEY") : "";
+  std::vector<std::string> dirs = o.models;
+  auto overrides = [o, env_key, dirs](server::Settings& s) {
+    server::apply_model_dirs(s, dirs);
+    if (!o.host.empty()) s.server.host = o.host;
+    if (o.port >= 0) s.server.port = o.port;
+    if (!o.api_key.empty()) {
+      s.auth.api_key = o.api_key;
+    } else if (!env_key.empty()) {
+      s.auth.api_key = env_key;
+    }
+  };
+  overrides(settings);
+  server::validate_models(settings, settings.file.empty() ? "--model" : settings.file);
+  if (settings.models.empty()) {
+    fail("no model to serve: pass --model DIR or list models in {}",
+         path.empty() ? "a settings file" : path);
+  }
+  const std::string host = settings.server.host;
+  const int port = settings.server.port;
+  check_port_free(host, port);
+
+  // Signals go to one thread (sigwait), so no handler touches shared state.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  BackendHandle be = make_backend(o.device);
+  std::vector<LoadedModel> loaded;
+  std::vector<server::ServedModel> served;
+  for (const auto& ms : settings.models) {
+    log::info("loading {} from {}", ms.name, ms.path);
+    LoadedModel lm;
+    lm.model = Model::load(ms.path, *be.backend);
+    lm.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(ms.path));
+    try {
+      lm.chat_template = std::make_unique<ChatTemplate>(ChatTemplate::from_dir(ms.path));
+    } catch (const Error& e) {
+      log::warn("{}: no usable chat template, chat routes will answer 400: {}", ms.name, e.what());
+    }
+    EngineOptions eo;
+    eo.max_seqs = settings.limits.max_seqs;
+    eo.max_step_tokens = settings.limits.max_step_tokens;
+    eo.prefill_chunk = settings.limits.prefill_chunk;
+    eo.prefer_decode = settings.limits.prefer_decode;
+    eo.kv_block_size = settings.cache.kv_block_size;
+    eo.memory_budget_bytes = settings.cache.memory_budget_mb << 20;
+    eo.max_context = ms.context_window;
+    lm.engine = std::make_unique<Engine>(*lm.model, eo);
+    server::ServedModel sm;
+    sm.name = ms.name;
+    sm.path = ms.path;
+    sm.engine = lm.engine.get();
+    sm.tokenizer = lm.tokenizer.get();
+    sm.chat_template = lm.chat_template.get();
+    sm.chat_template_source = lm.chat_template ? lm.chat_template->source() : "";
+    sm.model_type = lm.model->config().model_type;
+    sm.stop_ids = stop_ids_for(ms.path, *lm.model, *lm.tokenizer);
+    server::compute_token_bytes(sm);
+    served.push_back(std::move(sm));
+    loaded.push_back(std::move(lm));
+  }
+
+  server::SettingsStore store(settings, overrides);
+  server::HttpServer http(store, std::move(served));
+  int bound = http.bind(host, port);
+  std::printf("tokenmill: serving %zu model(s) on http://%s:%d\n", loaded.size(), host.c_str(),
+              bound);
+  std::fflush(stdout);
+
+  std::atomic<bool> signalled{false};
+  std::thread signals([&] {
+    for (;;) {
+      siginfo_t info{};
+      int sig = sigwaitinfo(&sigs, &info);
+      if (sig == SIGHUP) {
+        std::string err = store.reload();
+        if (err.empty()) {
+          log::warn("settings reloaded from {}", store.get()->file);
+        } else {
+          log::error("settings reload rejected, keeping the running settings: {}", err);
+        }
+        continue;
+      }
+      if (sig != SIGINT && sig != SIGTERM) continue;
+      signalled = true;
+      // `tokenmill stop --timeout` sends its drain time with the signal (sigqueue).
+      int timeout = info.si_code == SI_QUEUE ? info.si_value.sival_int : o.shutdown_timeout_ms;
+      log::warn("signal {}: draining for up to {} ms", sig, timeout);
+      http.drain(timeout);
+      http.stop();
+      return;
+    }
+  });
+  http.run();
+  // run() returns after a signal, or on a listen failure: then wake the signal thread.
+  if (!signalled) pthread_kill(signals.native_handle(), SIGTERM);
+  signals.join();
+  for (auto& lm : loaded) lm.engine->shutdown(0);
+}
+
+void register_serve(CLI::App& app) {
+  auto opts = std::make_shared<ServeOptions>();
+  auto* cmd = app.add_subcommand(
+      "serve", "Serve models over the OpenAI and Anthropic HTTP APIs (foreground)");
+  add_serve_options(*cmd, *opts);
+  cmd->callback([opts] { run_server(*opts); });
+}
+
+}  // namespace tokenmill::app

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# API tests with the official clients (openai@4, @anthropic-ai/sdk) against a real
+# `tokenmill serve` of the bundled demo model: starts the server on a free port with an API key,
+# runs node's test runner over tests/api/*.test.mjs, stops the server.
+#   tests/api/test_api.sh path/to/tokenmill [model-dir]
+set -euo pipefail
+bin="$(realpath "$1")"
+root="${TM_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
+model="${2:-$root/models/demo}"
+[ -f "$model/config.json" ] || { echo "test_api: $model has no config.json (build the demo model first)"; exit 1; }
+[ -d "$root/node_modules/openai" ] || { echo "test_api: node_modules missing: run npm ci"; exit 1; }
+
+state="$(mktemp -d)"
+port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+cat > "$state/settings.json" <<JSON
+{"server": {"keepalive_interval_ms": 200, "max_body_bytes": 1048576},
+ "limits": {"max_seqs": 16},
+ "models": [{"path": "$model", "name": "demo", "max_output_tokens": 512}]}
+JSON
+cleanup() {
+  "$bin" stop --state-dir "$state" --timeout 10 >/dev/null 2>&1 || true
+  rm -rf "$state"
+}
+trap cleanup EXIT
+"$bin" start --state-dir "$state" --settings "$state/settings.json" --port "$port" \
+  --api-key test-key --threads 2 --wait 120
+
+export TM_API_URL="http://127.0.0.1:$port" TM_API_KEY=test-key TM_MODEL=demo
+cd "$root"
+node --test --test-concurrency=1 tests/api/
