@@ -24,14 +24,18 @@ std::string cpu_model_name() {
 }
 }  // namespace
 
+bool is_cpu_backend(const Backend& backend) {
+  return backend.name().rfind("cpu", 0) == 0;
+}
+
 std::string describe_device(Backend& backend, int threads) {
-  if (backend.name() == "cpu")
-    return "cpu: " + cpu_model_name() + ", " + std::to_string(threads) + " threads";
+  if (is_cpu_backend(backend))
+    return backend.name() + ": " + cpu_model_name() + ", " + std::to_string(threads) + " threads";
   return backend.name();
 }
 
 double measure_read_bandwidth(Backend& backend, ThreadPool& pool) {
-  if (backend.name() != "cpu") return 0.0;
+  if (!is_cpu_backend(backend)) return 0.0;
   const size_t n = (size_t{1} << 30) / sizeof(uint64_t);
   std::vector<uint64_t> buf(n);
   pool.run(

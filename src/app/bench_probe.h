@@ -8,6 +8,8 @@
 
 namespace tokenmill::app {
 
+// True for the CPU backend (its name is "cpu" plus the kernel ISA, e.g. "cpu (avx512)").
+bool is_cpu_backend(const Backend& backend);
 // "cpu: <model name>, N threads" or the GPU's name.
 std::string describe_device(Backend& backend, int threads);
 // Read bandwidth in GB/s: a read-only reduction over a buffer far larger than the caches

@@ -106,7 +106,7 @@ void bench_command(BenchOptions o) {
     fail("--preset needs --dummy-weights (random weights at the preset's real shapes)");
   }
   BackendHandle be = make_backend(o.device);
-  const bool cpu = be.backend->name() == "cpu";
+  const bool cpu = is_cpu_backend(*be.backend);
   if (o.prompts.empty())
     o.prompts = cpu ? std::vector<int>{128, 512} : std::vector<int>{512, 8192, 32768};
   if (o.contexts.empty())
@@ -204,9 +204,12 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--dummy-weights", opt->dummy, "Random weights at the preset's real shapes");
   cmd->add_option("--quant", opt->quant, "bf16 or q<bits>g<group> for --preset")
       ->capture_default_str();
-  cmd->add_option("--prompt-lengths", opt->prompts, "Prefill lengths (default by device)");
-  cmd->add_option("--contexts", opt->contexts, "Decode contexts (default by device)");
-  cmd->add_option("--batches", opt->batches, "Concurrent sequences (default by device)");
+  cmd->add_option("--prompt-lengths", opt->prompts, "Prefill lengths (default by device)")
+      ->delimiter(',');
+  cmd->add_option("--contexts", opt->contexts, "Decode contexts (default by device)")
+      ->delimiter(',');
+  cmd->add_option("--batches", opt->batches, "Concurrent sequences (default by device)")
+      ->delimiter(',');
   cmd->add_option("--decode-tokens", opt->decode_tokens, "Tokens per decode run")
       ->capture_default_str();
   cmd->add_option("--cache-mb", opt->cache_mb, "KV/state memory (default: what the runs need)");

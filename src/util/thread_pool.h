@@ -1,5 +1,9 @@
 // Fork-join thread pool for the CPU backend. One pool object is created by whoever owns the
 // backend and passed down; nothing here is global.
+//
+// A decode step issues a few hundred small parallel ops, so hand-off latency matters more than
+// anything: workers spin briefly on an atomic generation counter before sleeping on a condition
+// variable, and the caller spins on the pending count the same way.
 #pragma once
 
 #include <atomic>
@@ -32,12 +36,14 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
+  // The job: written by run() before generation_ is bumped (release), read by workers after
+  // they see the new generation (acquire).
   const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
   int64_t job_n_ = 0, job_grain_ = 1;
   int job_parts_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace tokenmill
