@@ -3,6 +3,9 @@
 #include <CLI/CLI.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#ifdef TM_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "util/error.h"
 
 namespace tokenmill::app {
@@ -17,9 +20,18 @@ void add_device_options(CLI::App& cmd, DeviceOptions& opt) {
 BackendHandle make_backend(const DeviceOptions& opt) {
   BackendHandle h;
   h.pool = std::make_unique<ThreadPool>(opt.threads);
-  if (opt.device == "cuda") {
-    fail("--device cuda: the CUDA backend does not implement the model ops yet; use --device cpu");
+#ifdef TM_HAVE_CUDA
+  if (opt.device == "cuda" || (opt.device == "auto" && cuda_device_count() > 0)) {
+    h.backend = make_cuda_backend(0);
+    return h;
   }
+#else
+  if (opt.device == "cuda") {
+    fail(
+        "--device cuda: this build has no CUDA backend (configure with -DTM_CUDA=ON where nvcc "
+        "exists); use --device cpu");
+  }
+#endif
   h.backend = make_cpu_backend(*h.pool);
   return h;
 }

@@ -1,0 +1,125 @@
+// CudaBackend: device setup, device memory (cudaMalloc, never managed memory), stream-ordered
+// copies, weight uploads, and the factory.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/cuda_check.h"
+#include "util/error.h"
+
+namespace tokenmill {
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device" error for later calls
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  return std::make_unique<CudaBackend>(device);
+}
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  const int count = cuda_device_count();
+  if (device < 0 || device >= count) {
+    fail(
+        "cuda backend: device {} requested but {} CUDA device(s) are visible; check the driver "
+        "and CUDA_VISIBLE_DEVICES, or use --device cpu",
+        device, count);
+  }
+  TM_CUDA(cudaSetDevice(device));
+  cudaDeviceProp p{};
+  TM_CUDA(cudaGetDeviceProperties(&p, device));
+  device_name_ = p.name;
+  cudaStream_t s = nullptr;
+  TM_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  stream_ = s;
+}
+
+CudaBackend::~CudaBackend() {
+  // Errors are ignored here: a destructor must not throw, and a failed device has already
+  // reported its error through the op that hit it.
+  cudaStreamSynchronize(stream_);
+  for (void* p : owned_) cudaFree(p);
+  cudaStreamDestroy(stream_);
+}
+
+std::string CudaBackend::name() const {
+  return "cuda:" + std::to_string(device_) + " (" + device_name_ + ")";
+}
+
+void* CudaBackend::alloc(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 256 : bytes);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    fail(
+        "cuda backend: could not allocate {} bytes of device memory ({}; {} of {} bytes free); "
+        "reduce the cache size or the batch limits",
+        bytes, cudaGetErrorString(err), free_b, total_b);
+  }
+  return p;
+}
+
+void CudaBackend::free(void* p) {
+  if (p) TM_CUDA(cudaFree(p));
+}
+
+void CudaBackend::upload(void* dst, const void* src, size_t bytes) {
+  if (bytes) TM_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+}
+
+// Synchronous with respect to the host: the caller reads `dst` right after.
+void CudaBackend::download(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  TM_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  TM_CUDA(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::fill_zero(void* dst, size_t bytes) {
+  if (bytes) TM_CUDA(cudaMemsetAsync(dst, 0, bytes, stream_));
+}
+
+void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) TM_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::synchronize() {
+  TM_CUDA(cudaStreamSynchronize(stream_));
+}
+
+Weight CudaBackend::upload_weight(const Weight& host) {
+  Weight d = host;
+  const size_t mats = static_cast<size_t>(host.experts ? host.experts : 1);
+  size_t data_bytes = 0, sb_bytes = 0;
+  if (host.quantized()) {
+    data_bytes =
+        static_cast<size_t>(host.rows) * static_cast<size_t>(host.cols * host.bits / 32) * 4 * mats;
+    sb_bytes = static_cast<size_t>(host.rows) * static_cast<size_t>(host.cols / host.group) *
+               dtype_size(host.scale_dtype) * mats;
+  } else {
+    data_bytes = static_cast<size_t>(host.rows * host.cols) * dtype_size(host.dtype) * mats;
+  }
+  auto put = [&](const void* src, size_t bytes) -> const void* {
+    if (src == nullptr || bytes == 0) return nullptr;
+    void* p = alloc(bytes);
+    owned_.push_back(p);
+    // Synchronous copy: the host weight may be a mapping or a temporary that goes away.
+    TM_CUDA(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice));
+    return p;
+  };
+  d.data = put(host.data, data_bytes);
+  if (host.quantized()) {
+    d.scales = put(host.scales, sb_bytes);
+    d.biases = put(host.biases, sb_bytes);
+  }
+  return d;
+}
+
+}  // namespace tokenmill

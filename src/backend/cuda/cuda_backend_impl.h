@@ -1,0 +1,84 @@
+// Internal to backend/cuda: the CudaBackend class. Plain C++ (no CUDA headers: the stream is
+// held through the runtime's opaque struct type) so both the .cpp and the .cu files include it.
+// Op implementations are split by topic: cuda_backend.cpp (memory, weights), cuda_linear.cu,
+// cuda_attention.cu, cuda_gdn.cu, cuda_elementwise.cu, cuda_moe.cu.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
+namespace tokenmill {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override;
+  // Activation rows at or below which linear() runs the fused GEMV (each weight byte read
+  // once for all rows); above, the tiled GEMM.
+  static constexpr int64_t kGemvMaxRows = 16;
+
+  void* alloc(size_t bytes) override;
+  void free(void* p) override;
+  void upload(void* dst, const void* src, size_t bytes) override;
+  void download(void* dst, const void* src, size_t bytes) override;
+  void fill_zero(void* dst, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void synchronize() override;
+  Weight upload_weight(const Weight& host) override;
+
+  void embed(const Weight& table, const int32_t* ids, int n, float* out) override;
+  void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int dim,
+               float eps) override;
+  void rmsnorm_gated(const float* o, const float* z, const float* w, float* out, int64_t rows,
+                     int dim, float eps) override;
+  void l2norm(float* x, int64_t rows, int dim, float eps, float scale) override;
+  void copy_rows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+                 int64_t cols) override;
+  void gather_rows(const float* x, int dim, const int32_t* rows, int n, float* out) override;
+  void add(float* x, const float* y, int64_t n) override;
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
+  void sigmoid_mul(float* x, const float* gate, int64_t n) override;
+  void scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) override;
+
+  void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) override;
+
+  void rope(float* x, const int32_t* positions, int n_tokens, int heads, int head_dim,
+            int64_t token_stride, int rot_dim, float theta) override;
+  void kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
+                 const float* k, const float* v) override;
+  void attention(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
+                 const float* q, int heads, float scale, float* out) override;
+
+  void conv1d_silu(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
+                   const float* x, const float* weight, float* out) override;
+  void gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
+                        const float* q, const float* k, const float* v, const float* g,
+                        const float* beta, float* out, float* step_states) override;
+  void gdn_gates(const float* a, const float* b, const float* a_log, const float* dt_bias, float* g,
+                 float* beta, int64_t n, int heads) override;
+
+  void topk_softmax(const float* logits, int64_t n, int experts, int k, bool renormalize,
+                    int32_t* ids, float* weights) override;
+  void moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
+           const Weight& gate, const Weight& up, const Weight& down, float* out,
+           float* scratch) override;
+
+  CUstream_st* stream() const { return stream_; }
+
+ private:
+  int device_ = 0;
+  std::string device_name_;
+  CUstream_st* stream_ = nullptr;
+  std::vector<void*> owned_;  // weight copies made by upload_weight, freed in the destructor
+};
+
+}  // namespace tokenmill

@@ -1,0 +1,178 @@
+// Internal to backend/cuda, .cu files only: weight views and loaders (float formats and MLX
+// affine bit streams), reductions, and index helpers shared by the kernels.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_check.h"
+
+namespace tokenmill::cuda {
+
+enum : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// One matrix of a Weight in device memory, with the strides to step to another expert.
+struct DevMat {
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;  // [rows, groups] of sdtype (affine)
+  const uint8_t* biases = nullptr;
+  int64_t rows = 0, cols = 0;
+  int64_t row_bytes = 0;    // bytes of one row of data
+  int64_t groups = 0;       // cols / group (affine)
+  int64_t data_stride = 0;  // bytes from one expert's data to the next
+  int64_t sb_stride = 0;    // bytes from one expert's scales (biases) to the next
+  int64_t experts = 1;
+  int bits = 0;  // 0 = float
+  int group = 0;
+  int dtype = kF32;    // float weights
+  int sdtype = kBF16;  // affine scales and biases
+  // Whether rows can be read in aligned 8-element chunks (load8): always for affine; for float
+  // weights when cols % 8 == 0 and the base is 16-byte aligned.
+  bool chunks8 = false;
+};
+
+// Validates `w` (throws tokenmill::Error) and describes matrix `expert` of it.
+DevMat make_devmat(const Weight& w, int expert);
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) {
+  return __uint_as_float(h << 16);
+}
+
+__device__ __forceinline__ float load_sb(int t, const uint8_t* p, int64_t i) {
+  if (t == kBF16) return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+  if (t == kF32) return reinterpret_cast<const float*>(p)[i];
+  return __half2float(reinterpret_cast<const __half*>(p)[i]);
+}
+
+// Element j of row r (row = m.data + r * m.row_bytes), dequantized. Affine values may straddle
+// bytes: at most two bytes are read (bits <= 8), never past the element's last byte.
+__device__ __forceinline__ float load1(const DevMat& m, const uint8_t* row, int64_t r, int64_t j) {
+  if (m.bits == 0) {
+    if (m.dtype == kBF16) return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(row)[j]);
+    if (m.dtype == kF16) return __half2float(reinterpret_cast<const __half*>(row)[j]);
+    return reinterpret_cast<const float*>(row)[j];
+  }
+  const int b = m.bits;
+  const int64_t off = j * b;
+  const int sh = static_cast<int>(off & 7);
+  uint32_t v = row[off >> 3];
+  if (sh + b > 8) v |= static_cast<uint32_t>(row[(off >> 3) + 1]) << 8;
+  const uint32_t q = (v >> sh) & ((1u << b) - 1u);
+  const int64_t g = r * m.groups + j / m.group;
+  return load_sb(m.sdtype, m.scales, g) * static_cast<float>(q) + load_sb(m.sdtype, m.biases, g);
+}
+
+// Elements j..j+7 of row r (j a multiple of 8; m.chunks8). For affine, 8 elements are exactly
+// `bits` bytes starting at byte (j/8)*bits, and lie in one group (group >= 32).
+__device__ __forceinline__ void load8(const DevMat& m, const uint8_t* row, int64_t r, int64_t j,
+                                      float* w) {
+  if (m.bits == 0) {
+    if (m.dtype == kF32) {
+      const float4* p = reinterpret_cast<const float4*>(row + j * 4);
+      const float4 a = p[0], c = p[1];
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = c.x, w[5] = c.y, w[6] = c.z,
+      w[7] = c.w;
+      return;
+    }
+    const uint4 u = *reinterpret_cast<const uint4*>(row + j * 2);
+    const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (m.dtype == kBF16) {
+        w[2 * i] = bf16_bits_to_f32(words[i] & 0xffffu);
+        w[2 * i + 1] = bf16_bits_to_f32(words[i] >> 16);
+      } else {
+        w[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(words[i] & 0xffffu)));
+        w[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(words[i] >> 16)));
+      }
+    }
+    return;
+  }
+  const int b = m.bits;
+  const uint8_t* p = row + (j >> 3) * b;
+  uint64_t v = 0;
+  if (b == 4) {
+    v = *reinterpret_cast<const uint32_t*>(p);
+  } else if (b == 8) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    v = static_cast<uint64_t>(u.x) | (static_cast<uint64_t>(u.y) << 32);
+  } else if (b == 2) {
+    v = *reinterpret_cast<const uint16_t*>(p);
+  } else {
+    for (int i = 0; i < b; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  }
+  const int64_t g = r * m.groups + j / m.group;
+  const float s = load_sb(m.sdtype, m.scales, g), bias = load_sb(m.sdtype, m.biases, g);
+  const uint64_t mask = (1u << b) - 1u;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w[i] = s * static_cast<float>((v >> (i * b)) & mask) + bias;
+}
+
+__device__ __forceinline__ DevMat at_expert(DevMat m, int64_t e) {
+  m.data += e * m.data_stride;
+  if (m.bits) {
+    m.scales += e * m.sb_stride;
+    m.biases += e * m.sb_stride;
+  }
+  return m;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+// `red` is 32 floats of shared memory; the call contains barriers (all threads must call).
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = lane < nw ? red[lane] : 0.0f;
+  return warp_sum(t);
+}
+
+// Sequence owning token row t: the s with cu[s] <= t < cu[s+1] (binary search), or -1.
+__device__ __forceinline__ int seq_of(const int32_t* cu, int n_seqs, int t) {
+  int lo = 0, hi = n_seqs;  // invariant: cu[lo] <= t < cu[hi] when t is covered
+  if (t < cu[0] || t >= cu[n_seqs]) return -1;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (cu[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+__device__ __forceinline__ float silu_f(float x) {
+  return x / (1.0f + expf(-x));
+}
+__device__ __forceinline__ float sigmoid_f(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+
+inline unsigned blocks_for(int64_t n, int threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
+// GEMV of one activation row per (output row, slot): slot s multiplies x row s / x_div by
+// matrix ids[s] of m (ids in device memory). out[s * ldo + r]. Used by moe().
+void launch_gemv_indexed(cudaStream_t st, const DevMat& m, const int32_t* ids, int64_t slots,
+                         const float* x, int64_t ldx, int64_t x_div, float* out, int64_t ldo);
+
+}  // namespace tokenmill::cuda

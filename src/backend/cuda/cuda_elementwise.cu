@@ -1,0 +1,268 @@
+// Elementwise and normalisation ops, rope and the MoE router (topk_softmax). Row reductions
+// run one block per row with F32 tree sums (the CPU sums in F32 too, in another order: the
+// results agree to a few F32 ulps).
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/cuda_common.cuh"
+
+namespace tokenmill::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int row_threads(int dim) {
+  return dim >= 256 ? 256 : dim > 64 ? 128 : 32;
+}
+
+__global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, float* out, int dim,
+                               float eps) {
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * dim;
+  float ss = 0.0f;
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += xr[j] * xr[j];
+  const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(dim) + eps);
+  float* o = out + r * dim;  // may alias x: each element is read before its own write
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) o[j] = xr[j] * inv * w[j];
+}
+
+__global__ void rmsnorm_gated_kernel(const float* __restrict__ o, const float* __restrict__ z,
+                                     const float* __restrict__ w, float* out, int dim, float eps) {
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x;
+  const float* orow = o + r * dim;
+  const float* zr = z + r * dim;
+  float ss = 0.0f;
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += orow[j] * orow[j];
+  const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(dim) + eps);
+  float* y = out + r * dim;
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) y[j] = w[j] * (orow[j] * inv) * silu_f(zr[j]);
+}
+
+__global__ void l2norm_kernel(float* x, int dim, float eps, float scale) {
+  __shared__ float red[32];
+  float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+  float ss = 0.0f;
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += xr[j] * xr[j];
+  const float f = scale / sqrtf(block_sum(ss, red) + eps);
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) xr[j] *= f;
+}
+
+__global__ void copy_rows_kernel(const float* __restrict__ src, int64_t src_stride,
+                                 float* __restrict__ dst, int64_t dst_stride, int64_t rows,
+                                 int64_t cols) {
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    dst[r * dst_stride + c] = src[r * src_stride + c];
+  }
+}
+
+__global__ void gather_rows_kernel(const float* __restrict__ x, int dim,
+                                   const int32_t* __restrict__ rows, float* __restrict__ out) {
+  const int64_t i = blockIdx.x;
+  const float* src = x + static_cast<int64_t>(rows[i]) * dim;
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) out[i * dim + j] = src[j];
+}
+
+// op 0: x += y; 1: out = silu(x) * y; 2: x *= sigmoid(y).
+template <int OP>
+__global__ void binary_kernel(float* x, const float* y, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (OP == 0) x[i] += y[i];
+    if (OP == 1) out[i] = silu_f(x[i]) * y[i];
+    if (OP == 2) x[i] *= sigmoid_f(y[i]);
+  }
+}
+
+__global__ void scale_rows_sigmoid_kernel(float* x, const float* __restrict__ gate, int dim) {
+  const int64_t r = blockIdx.x;
+  const float s = sigmoid_f(gate[r]);
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) x[r * dim + j] *= s;
+}
+
+__global__ void gdn_gates_kernel(const float* __restrict__ a, const float* __restrict__ b,
+                                 const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                                 float* __restrict__ g, float* __restrict__ beta, int64_t total,
+                                 int heads) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int h = static_cast<int>(i % heads);
+    const float u = a[i] + dt_bias[h];
+    // softplus with torch's threshold: linear above 20.
+    const float sp = u > 20.0f ? u : log1pf(expf(u));
+    g[i] = -expf(a_log[h]) * sp;
+    beta[i] = sigmoid_f(b[i]);
+  }
+}
+
+// The CPU's F32 inverse frequencies (computed on the host with std::pow, so large positions
+// round exactly as there), passed by value.
+struct RopeFreqs {
+  float inv[512];
+};
+
+__global__ void rope_kernel(float* x, const int32_t* __restrict__ positions, int heads,
+                            int head_dim, int64_t token_stride, int half, RopeFreqs f) {
+  const int64_t t = blockIdx.x;
+  const float pos = static_cast<float>(positions[t]);
+  for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
+    const int h = idx / half, i = idx % half;
+    const float ang = pos * f.inv[i];
+    float s, c;
+    sincosf(ang, &s, &c);
+    float* xh = x + t * token_stride + static_cast<int64_t>(h) * head_dim;
+    const float x0 = xh[i], x1 = xh[i + half];
+    xh[i] = x0 * c - x1 * s;
+    xh[i + half] = x1 * c + x0 * s;
+  }
+}
+
+// One block per row, thread 0 does the selection in the CPU's order (highest probability
+// first, lower index on ties); p [experts] in dynamic shared memory.
+__global__ void topk_softmax_kernel(const float* __restrict__ logits, int experts, int k,
+                                    bool renormalize, int32_t* __restrict__ ids,
+                                    float* __restrict__ weights) {
+  extern __shared__ float p[];
+  const int64_t r = blockIdx.x;
+  const float* l = logits + r * experts;
+  if (threadIdx.x != 0) return;
+  float m = l[0];
+  for (int x = 1; x < experts; ++x) m = fmaxf(m, l[x]);
+  float sum = 0.0f;
+  for (int x = 0; x < experts; ++x) sum += (p[x] = expf(l[x] - m));
+  for (int x = 0; x < experts; ++x) p[x] /= sum;
+  float picked = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    for (int x = 0; x < experts; ++x) {
+      if (p[x] >= 0.0f && (best < 0 || p[x] > p[best])) best = x;
+    }
+    ids[r * k + j] = best;
+    weights[r * k + j] = p[best];
+    picked += p[best];
+    p[best] = -1.0f;
+  }
+  if (renormalize) {
+    for (int j = 0; j < k; ++j) weights[r * k + j] /= picked;
+  }
+}
+
+unsigned grid_1d(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65536 ? b : 65536);
+}
+
+}  // namespace
+}  // namespace tokenmill::cuda
+
+namespace tokenmill {
+
+using cuda::blocks_for;
+
+void CudaBackend::rmsnorm(const float* x, const float* w, float* out, int64_t rows, int dim,
+                          float eps) {
+  if (rows <= 0) return;
+  cuda::rmsnorm_kernel<<<static_cast<unsigned>(rows), cuda::row_threads(dim), 0, stream_>>>(
+      x, w, out, dim, eps);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::rmsnorm_gated(const float* o, const float* z, const float* w, float* out,
+                                int64_t rows, int dim, float eps) {
+  if (rows <= 0) return;
+  cuda::rmsnorm_gated_kernel<<<static_cast<unsigned>(rows), cuda::row_threads(dim), 0, stream_>>>(
+      o, z, w, out, dim, eps);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::l2norm(float* x, int64_t rows, int dim, float eps, float scale) {
+  if (rows <= 0) return;
+  cuda::l2norm_kernel<<<static_cast<unsigned>(rows), cuda::row_threads(dim), 0, stream_>>>(
+      x, dim, eps, scale);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::copy_rows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                            int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  cuda::copy_rows_kernel<<<cuda::grid_1d(rows * cols), cuda::kThreads, 0, stream_>>>(
+      src, src_stride, dst, dst_stride, rows, cols);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::gather_rows(const float* x, int dim, const int32_t* rows, int n, float* out) {
+  if (n <= 0) return;
+  cuda::gather_rows_kernel<<<static_cast<unsigned>(n), cuda::row_threads(dim), 0, stream_>>>(
+      x, dim, rows, out);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::add(float* x, const float* y, int64_t n) {
+  if (n <= 0) return;
+  cuda::binary_kernel<0><<<cuda::grid_1d(n), cuda::kThreads, 0, stream_>>>(x, y, nullptr, n);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  if (n <= 0) return;
+  cuda::binary_kernel<1>
+      <<<cuda::grid_1d(n), cuda::kThreads, 0, stream_>>>(const_cast<float*>(gate), up, out, n);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::sigmoid_mul(float* x, const float* gate, int64_t n) {
+  if (n <= 0) return;
+  cuda::binary_kernel<2><<<cuda::grid_1d(n), cuda::kThreads, 0, stream_>>>(x, gate, nullptr, n);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) {
+  if (rows <= 0) return;
+  cuda::scale_rows_sigmoid_kernel<<<static_cast<unsigned>(rows), cuda::row_threads(dim), 0,
+                                    stream_>>>(x, gate, dim);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::gdn_gates(const float* a, const float* b, const float* a_log,
+                            const float* dt_bias, float* g, float* beta, int64_t n, int heads) {
+  if (n <= 0) return;
+  const int64_t total = n * heads;
+  cuda::gdn_gates_kernel<<<cuda::grid_1d(total), cuda::kThreads, 0, stream_>>>(
+      a, b, a_log, dt_bias, g, beta, total, heads);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::rope(float* x, const int32_t* positions, int n_tokens, int heads, int head_dim,
+                       int64_t token_stride, int rot_dim, float theta) {
+  TM_CUDA_REQUIRE(rot_dim % 2 == 0 && rot_dim <= head_dim && rot_dim <= 1024,
+                  "rope: rot_dim must be even, <= head_dim and <= 1024");
+  if (n_tokens <= 0 || rot_dim == 0) return;
+  const int half = rot_dim / 2;
+  cuda::RopeFreqs f{};
+  for (int i = 0; i < half; ++i) {
+    f.inv[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(rot_dim));
+  }
+  const int threads = heads * half >= 256 ? 256 : 64;
+  cuda::rope_kernel<<<static_cast<unsigned>(n_tokens), threads, 0, stream_>>>(
+      x, positions, heads, head_dim, token_stride, half, f);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::topk_softmax(const float* logits, int64_t n, int experts, int k, bool renormalize,
+                               int32_t* ids, float* weights) {
+  TM_CUDA_REQUIRE(k >= 1 && k <= experts && experts <= 8192,
+                  "topk_softmax: need 1 <= k <= experts <= 8192");
+  if (n <= 0) return;
+  cuda::topk_softmax_kernel<<<static_cast<unsigned>(n), 32,
+                              static_cast<size_t>(experts) * sizeof(float), stream_>>>(
+      logits, experts, k, renormalize, ids, weights);
+  TM_CUDA_LAUNCHED();
+}
+
+}  // namespace tokenmill

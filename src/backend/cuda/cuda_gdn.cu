@@ -1,0 +1,169 @@
+// Gated DeltaNet: causal depthwise conv + SiLU with per-slot state, and the gated delta rule in
+// its recurrent form (one token at a time, state in F32).
+//
+// The delta rule decomposes over value columns: with S [Dk, Dv], column d evolves as
+//   S[:,d] = a S[:,d];  kS = k . S[:,d];  delta = beta (v_d - kS);  S[:,d] += k delta;
+//   o_d = q . S[:,d]
+// so one thread owns one column (in registers when Dk <= 128, else in the state memory) and
+// the block of a (sequence, value head) shares only q_t and k_t through shared memory. The
+// operation order per column is the CPU reference's recurrent form.
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/cuda_common.cuh"
+
+namespace tokenmill::cuda {
+namespace {
+
+constexpr int kRegDk = 128;
+
+// One thread per (sequence, channel): walks the sequence's rows in order.
+__global__ void conv1d_silu_kernel(GDNStateView st, SeqLayout seqs, const int32_t* slots,
+                                   const float* __restrict__ x, const float* __restrict__ weight,
+                                   float* __restrict__ out) {
+  const int64_t C = st.channels;
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int s = blockIdx.y;
+  if (c >= C) return;
+  const int64_t t0 = seqs.cu_seqlens[s], L = seqs.cu_seqlens[s + 1] - t0;
+  if (L <= 0) return;
+  const int K = st.kernel, Km1 = K - 1;
+  float* sc = st.conv + (static_cast<int64_t>(slots[s]) * C + c) * Km1;
+  const float* w = weight + c * K;
+  float hist[16];  // the K-1 previous inputs, oldest first
+  for (int i = 0; i < Km1; ++i) hist[i] = sc[i];
+  for (int64_t t = 0; t < L; ++t) {
+    const float xt = x[(t0 + t) * C + c];
+    float acc = 0.0f;
+    for (int i = 0; i < Km1; ++i) acc += w[i] * hist[i];
+    acc += w[Km1] * xt;
+    out[(t0 + t) * C + c] = silu_f(acc);
+    for (int i = 0; i + 1 < Km1; ++i) hist[i] = hist[i + 1];
+    hist[Km1 - 1] = xt;
+  }
+  for (int i = 0; i < Km1; ++i) sc[i] = hist[i];
+}
+
+struct DeltaArgs {
+  GDNStateView st;
+  SeqLayout seqs;
+  const int32_t* slots;
+  const float *q, *k, *v, *g, *beta;
+  float* out;
+  float* steps;
+};
+
+// Block per (sequence, value head); thread d < Dv owns state column d. REG: column in
+// registers (Dk <= kRegDk), else read and written in place in the state memory.
+template <bool REG>
+__global__ void delta_rule_kernel(DeltaArgs A) {
+  extern __shared__ float sh[];  // q_t [Dk], k_t [Dk]
+  const int s = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  const int Hv = A.st.v_heads, Hk = A.st.k_heads, Dk = A.st.k_dim, Dv = A.st.v_dim;
+  const int kh = h / (Hv / Hk);
+  const int64_t state_size = static_cast<int64_t>(Dk) * Dv;
+  float* S = A.st.ssm + (static_cast<int64_t>(A.slots[s]) * Hv + h) * state_size;
+  float* qs = sh;
+  float* ks = sh + Dk;
+  const bool active = d < Dv;
+  float col[REG ? kRegDk : 1];
+  if (REG && active) {
+#pragma unroll
+    for (int i = 0; i < kRegDk; ++i) col[i] = i < Dk ? S[static_cast<int64_t>(i) * Dv + d] : 0.0f;
+  }
+  const int64_t t0 = A.seqs.cu_seqlens[s], t1 = A.seqs.cu_seqlens[s + 1];
+  const int64_t qk_stride = static_cast<int64_t>(Hk) * Dk, v_stride = static_cast<int64_t>(Hv) * Dv;
+  for (int64_t t = t0; t < t1; ++t) {
+    __syncthreads();  // previous token's q/k fully consumed
+    for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
+      qs[i] = A.q[t * qk_stride + static_cast<int64_t>(kh) * Dk + i];
+      ks[i] = A.k[t * qk_stride + static_cast<int64_t>(kh) * Dk + i];
+    }
+    __syncthreads();
+    if (!active) continue;
+    const float a = expf(A.g[t * Hv + h]), bt = A.beta[t * Hv + h];
+    const float vt = A.v[t * v_stride + static_cast<int64_t>(h) * Dv + d];
+    float kS = 0.0f, o = 0.0f;
+    float* step = A.steps ? A.steps + (t * Hv + h) * state_size : nullptr;
+    if (REG) {
+#pragma unroll
+      for (int i = 0; i < kRegDk; ++i) {
+        if (i < Dk) {
+          col[i] *= a;
+          kS += ks[i] * col[i];
+        }
+      }
+      const float delta = bt * (vt - kS);
+#pragma unroll
+      for (int i = 0; i < kRegDk; ++i) {
+        if (i < Dk) {
+          col[i] += ks[i] * delta;
+          o += qs[i] * col[i];
+          if (step) step[static_cast<int64_t>(i) * Dv + d] = col[i];
+        }
+      }
+    } else {
+      for (int i = 0; i < Dk; ++i) {
+        float* p = S + static_cast<int64_t>(i) * Dv + d;
+        const float si = *p * a;
+        *p = si;
+        kS += ks[i] * si;
+      }
+      const float delta = bt * (vt - kS);
+      for (int i = 0; i < Dk; ++i) {
+        float* p = S + static_cast<int64_t>(i) * Dv + d;
+        const float si = *p + ks[i] * delta;
+        *p = si;
+        o += qs[i] * si;
+        if (step) step[static_cast<int64_t>(i) * Dv + d] = si;
+      }
+    }
+    A.out[t * v_stride + static_cast<int64_t>(h) * Dv + d] = o;
+  }
+  if (REG && active) {
+#pragma unroll
+    for (int i = 0; i < kRegDk; ++i) {
+      if (i < Dk) S[static_cast<int64_t>(i) * Dv + d] = col[i];
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tokenmill::cuda
+
+namespace tokenmill {
+
+void CudaBackend::conv1d_silu(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
+                              const float* x, const float* weight, float* out) {
+  TM_CUDA_REQUIRE(x != out, "conv1d_silu cannot run in place");
+  TM_CUDA_REQUIRE(st.kernel >= 2 && st.kernel <= 16, "conv1d_silu: kernel must be in 2..16");
+  TM_CUDA_REQUIRE(seqs.n_seqs <= 65535, "conv1d_silu: too many sequences");
+  if (seqs.n_seqs <= 0 || st.channels <= 0) return;
+  const dim3 grid(cuda::blocks_for(st.channels, 128), static_cast<unsigned>(seqs.n_seqs));
+  cuda::conv1d_silu_kernel<<<grid, 128, 0, stream_>>>(st, seqs, slots, x, weight, out);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs,
+                                   const int32_t* slots, const float* q, const float* k,
+                                   const float* v, const float* g, const float* beta, float* out,
+                                   float* step_states) {
+  TM_CUDA_REQUIRE(st.k_heads > 0 && st.v_heads % st.k_heads == 0,
+                  "gated_delta_rule: value heads must be a multiple of key heads");
+  TM_CUDA_REQUIRE(st.v_dim >= 1 && st.v_dim <= 1024 && st.k_dim >= 1 && st.k_dim <= 4096,
+                  "gated_delta_rule: v_dim must be in 1..1024 and k_dim in 1..4096");
+  TM_CUDA_REQUIRE(st.v_heads <= 65535, "gated_delta_rule: too many value heads");
+  if (seqs.n_seqs <= 0) return;
+  cuda::DeltaArgs a{st, seqs, slots, q, k, v, g, beta, out, step_states};
+  const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(st.v_heads));
+  const int threads = (st.v_dim + 31) / 32 * 32;
+  const size_t smem = static_cast<size_t>(2 * st.k_dim) * sizeof(float);
+  if (st.k_dim <= cuda::kRegDk) {
+    cuda::delta_rule_kernel<true><<<grid, threads, smem, stream_>>>(a);
+  } else {
+    cuda::delta_rule_kernel<false><<<grid, threads, smem, stream_>>>(a);
+  }
+  TM_CUDA_LAUNCHED();
+}
+
+}  // namespace tokenmill

@@ -1,0 +1,66 @@
+// Mixture of experts, the simple device-side form: routing ids stay on the device (no host
+// sync). For each (token, slot) pair s = t*k + j, gate and up GEMVs of expert ids[s] on x[t],
+// silu(gate)*up, the down GEMV, then out[t] = sum_j weights[t, j] * down[s] in slot order.
+// Each slot reads its expert's weights once (a sorted grouped GEMM is the faster form).
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/cuda_common.cuh"
+
+namespace tokenmill::cuda {
+namespace {
+
+__global__ void moe_combine_kernel(const float* __restrict__ down, const float* __restrict__ w,
+                                   int k, int64_t hidden, float* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j) acc += w[t * k + j] * down[(t * k + j) * hidden + c];
+    out[t * hidden + c] = acc;
+  }
+}
+
+}  // namespace
+}  // namespace tokenmill::cuda
+
+namespace tokenmill {
+
+void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
+                      const Weight& gate, const Weight& up, const Weight& down, float* out,
+                      float* scratch) {
+  if (n <= 0) return;
+  const int64_t E = gate.experts, hidden = gate.cols, inter = gate.rows, slots = n * k;
+  TM_CUDA_REQUIRE(E > 0 && up.experts == E && down.experts == E,
+                  "moe: gate, up and down must have the same number of experts");
+  TM_CUDA_REQUIRE(
+      up.rows == inter && up.cols == hidden && down.rows == hidden && down.cols == inter,
+      "moe: expert shapes disagree (gate/up [inter, hidden], down [hidden, inter])");
+  TM_CUDA_REQUIRE(k >= 1, "moe: k must be >= 1");
+  const cuda::DevMat mg = cuda::make_devmat(gate, 0), mu = cuda::make_devmat(up, 0),
+                     md = cuda::make_devmat(down, 0);
+  // scratch: act [slots, inter] (gate, then silu(gate)*up), upo [slots, inter],
+  // dn [slots, hidden].
+  float* act = scratch;
+  float* upo = act + slots * inter;
+  float* dn = upo + slots * inter;
+  // Slots are launched in chunks of whole tokens (grid.y <= 65535).
+  const int64_t chunk = 65535 / k * k;
+  TM_CUDA_REQUIRE(chunk > 0, "moe: k must be <= 65535");
+  for (int64_t s0 = 0; s0 < slots; s0 += chunk) {
+    const int64_t cnt = slots - s0 < chunk ? slots - s0 : chunk;
+    const float* xs = x + (s0 / k) * hidden;
+    cuda::launch_gemv_indexed(stream_, mg, ids + s0, cnt, xs, hidden, k, act + s0 * inter, inter);
+    cuda::launch_gemv_indexed(stream_, mu, ids + s0, cnt, xs, hidden, k, upo + s0 * inter, inter);
+  }
+  silu_mul(act, upo, act, slots * inter);
+  for (int64_t s0 = 0; s0 < slots; s0 += chunk) {
+    const int64_t cnt = slots - s0 < chunk ? slots - s0 : chunk;
+    cuda::launch_gemv_indexed(stream_, md, ids + s0, cnt, act + s0 * inter, inter, 1,
+                              dn + s0 * hidden, hidden);
+  }
+  cuda::moe_combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(dn, weights, k, hidden,
+                                                                          out);
+  TM_CUDA_LAUNCHED();
+}
+
+}  // namespace tokenmill

@@ -1,0 +1,179 @@
+// Paged KV append + causal GQA attention (several sequences, scattered blocks, two steps), and
+// the Gated DeltaNet ops (conv1d_silu, gated_delta_rule with step states) continuing their
+// state across calls: CUDA against the CPU backend.
+// Tolerances: KV appends are copies (exact); attention 1e-5 relative (F32 dots and a softmax
+// over <= 130 keys); the delta rule 1e-4 relative (F32 recurrences over 70 tokens in the same
+// per-column order, fused multiply-adds on the device).
+#include <algorithm>
+#include <numeric>
+
+#include "cuda_test_util.h"
+
+namespace tokenmill::cudatest {
+namespace {
+
+class CudaAttention : public CudaVsCpu {};
+
+TEST_F(CudaAttention, PagedCausalGqaTwoSteps) {
+  Rng rng(21);
+  for (int D : {20, 128, 256}) {
+    const int block_size = 16, kv_heads = 2, heads = 6, max_blocks = 16, num_blocks = 40;
+    const int64_t row = int64_t{kv_heads} * D;
+    const size_t cache_n = static_cast<size_t>(num_blocks) * block_size * row;
+    std::vector<float> kc = rng.normals(cache_n), vc = rng.normals(cache_n);
+    std::vector<int32_t> phys(num_blocks);
+    std::iota(phys.begin(), phys.end(), 0);
+    std::shuffle(phys.begin(), phys.end(), rng.gen);
+    const std::vector<int> prev0 = {0, 17, 100, 3};
+    const int S = static_cast<int>(prev0.size());
+    std::vector<int32_t> tables(static_cast<size_t>(S) * max_blocks, -1);
+    size_t next_block = 0;
+    for (int s = 0; s < S; ++s) {
+      for (int b = 0; b < 9; ++b)
+        tables[static_cast<size_t>(s) * max_blocks + b] = phys[next_block++ % phys.size()];
+    }
+    float* dk = up(kc);
+    float* dv = up(vc);
+    int32_t* dtables = up(tables);
+    std::vector<int> prev = prev0;
+    for (const std::vector<int>& add :
+         {std::vector<int>{5, 1, 30, 1}, std::vector<int>{1, 12, 1, 2}}) {
+      std::vector<int32_t> cu = {0}, positions, ctx;
+      for (int s = 0; s < S; ++s) {
+        for (int i = 0; i < add[s]; ++i) positions.push_back(prev[s] + i);
+        cu.push_back(cu.back() + add[s]);
+        ctx.push_back(prev[s] + add[s]);
+      }
+      const int T = cu.back();
+      std::vector<float> k = rng.normals(static_cast<size_t>(T) * row);
+      std::vector<float> v = rng.normals(k.size());
+      std::vector<float> q = rng.normals(static_cast<size_t>(T) * heads * D);
+      SeqLayout seqs{S, T, cu.data(), positions.data(), *std::max_element(add.begin(), add.end())};
+      KVPaging pg{tables.data(), max_blocks, ctx.data(), *std::max_element(ctx.begin(), ctx.end())};
+      KVLayerView kv{kc.data(), vc.data(), block_size, kv_heads, D};
+      cpu->kv_append(kv, pg, seqs, k.data(), v.data());
+      std::vector<float> want(q.size());
+      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+      cpu->attention(kv, pg, seqs, q.data(), heads, scale, want.data());
+
+      SeqLayout dseqs = seqs;
+      dseqs.cu_seqlens = up(cu);
+      dseqs.positions = up(positions);
+      KVPaging dpg = pg;
+      dpg.block_tables = dtables;
+      dpg.context_lens = up(ctx);
+      KVLayerView dkv{dk, dv, block_size, kv_heads, D};
+      gpu->kv_append(dkv, dpg, dseqs, up(k), up(v));
+      float* dout = poisoned(want.size());
+      gpu->attention(dkv, dpg, dseqs, up(q), heads, scale, dout);
+      EXPECT_EQ(down(dk, cache_n), kc) << "k cache after append, D=" << D;
+      EXPECT_EQ(down(dv, cache_n), vc) << "v cache after append, D=" << D;
+      expect_close(down(dout, want.size()), want, 1e-5, "attention D=" + std::to_string(D));
+      for (int s = 0; s < S; ++s) prev[s] += add[s];
+    }
+  }
+}
+
+class CudaGdn : public CudaVsCpu {};
+
+TEST_F(CudaGdn, ConvContinuesState) {
+  Rng rng(22);
+  for (int K : {2, 4}) {
+    const int C = 70, slots_n = 3;
+    GDNStateView st{};
+    st.channels = C;
+    st.kernel = K;
+    std::vector<float> conv = rng.normals(static_cast<size_t>(slots_n) * C * (K - 1));
+    std::vector<float> w = rng.normals(static_cast<size_t>(C) * K);
+    const std::vector<int32_t> slots = {2, 0};
+    float* dconv = up(conv);
+    for (const std::vector<int>& lens : {std::vector<int>{1, 9}, std::vector<int>{3, 1}}) {
+      std::vector<int32_t> cu = {0, lens[0], lens[0] + lens[1]},
+                           positions(static_cast<size_t>(cu[2]), 0);
+      const int T = cu[2];
+      std::vector<float> x = rng.normals(static_cast<size_t>(T) * C);
+      SeqLayout seqs{2, T, cu.data(), positions.data(), 9};
+      st.conv = conv.data();
+      std::vector<float> want(x.size());
+      cpu->conv1d_silu(st, seqs, slots.data(), x.data(), w.data(), want.data());
+      GDNStateView dst = st;
+      dst.conv = dconv;
+      SeqLayout dseqs = seqs;
+      dseqs.cu_seqlens = up(cu);
+      dseqs.positions = up(positions);
+      float* dout = poisoned(x.size());
+      gpu->conv1d_silu(dst, dseqs, up(slots), up(x), up(w), dout);
+      expect_close(down(dout, x.size()), want, 1e-5, "conv1d_silu K=" + std::to_string(K));
+      expect_close(down(dconv, conv.size()), conv, 0.0, "conv state K=" + std::to_string(K));
+    }
+  }
+}
+
+void normalize_heads(std::vector<float>& x, int dim) {
+  for (size_t r = 0; r < x.size() / static_cast<size_t>(dim); ++r) {
+    double ss = 0;
+    for (int i = 0; i < dim; ++i) ss += double{x[r * dim + i]} * x[r * dim + i];
+    for (int i = 0; i < dim; ++i)
+      x[r * dim + i] = static_cast<float>(x[r * dim + i] / std::sqrt(ss + 1e-6));
+  }
+}
+
+TEST_F(CudaGdn, DeltaRuleContinuesStateWithStepStates) {
+  Rng rng(23);
+  cpu->set_gdn_chunk_threshold(1 << 30);  // the recurrent form on both sides
+  struct Dims {
+    int Dk, Dv;
+  };
+  // Dk <= 128 keeps state columns in registers; 160 takes the in-memory path.
+  for (Dims dm : {Dims{16, 32}, Dims{128, 128}, Dims{160, 48}}) {
+    const int Hk = 2, Hv = 4, slots_n = 4;
+    GDNStateView st{};
+    st.k_heads = Hk;
+    st.v_heads = Hv;
+    st.k_dim = dm.Dk;
+    st.v_dim = dm.Dv;
+    const int64_t ssz = int64_t{dm.Dk} * dm.Dv;
+    std::vector<float> ssm = rng.normals(static_cast<size_t>(slots_n * Hv * ssz), 0.1f);
+    const std::vector<int32_t> slots = {1, 3, 0};
+    float* dssm = up(ssm);
+    int call = 0;
+    for (const std::vector<int>& lens : {std::vector<int>{1, 9, 70}, std::vector<int>{2, 1, 5}}) {
+      std::vector<int32_t> cu = {0};
+      for (int l : lens) cu.push_back(cu.back() + l);
+      const int T = cu.back();
+      std::vector<int32_t> positions(static_cast<size_t>(T), 0);
+      std::vector<float> q = rng.normals(static_cast<size_t>(T) * Hk * dm.Dk);
+      std::vector<float> k = rng.normals(q.size());
+      normalize_heads(q, dm.Dk);
+      normalize_heads(k, dm.Dk);
+      std::vector<float> v = rng.normals(static_cast<size_t>(T) * Hv * dm.Dv);
+      std::vector<float> g(static_cast<size_t>(T) * Hv), beta(g.size());
+      for (auto& x : g) x = -rng.uniform(0.01f, 0.5f);
+      for (auto& x : beta) x = rng.uniform(0.0f, 1.0f);
+      const bool steps = call == 1;
+      std::vector<float> step_want(steps ? static_cast<size_t>(T) * Hv * ssz : 0);
+      SeqLayout seqs{3, T, cu.data(), positions.data(), 70};
+      st.ssm = ssm.data();
+      std::vector<float> want(v.size());
+      cpu->gated_delta_rule(st, seqs, slots.data(), q.data(), k.data(), v.data(), g.data(),
+                            beta.data(), want.data(), steps ? step_want.data() : nullptr);
+      GDNStateView dst = st;
+      dst.ssm = dssm;
+      SeqLayout dseqs = seqs;
+      dseqs.cu_seqlens = up(cu);
+      dseqs.positions = up(positions);
+      float* dout = poisoned(v.size());
+      float* dsteps = steps ? poisoned(step_want.size()) : nullptr;
+      gpu->gated_delta_rule(dst, dseqs, up(slots), up(q), up(k), up(v), up(g), up(beta), dout,
+                            dsteps);
+      const std::string d = " Dk=" + std::to_string(dm.Dk) + " call " + std::to_string(call);
+      expect_close(down(dout, v.size()), want, 1e-4, "delta rule out" + d);
+      expect_close(down(dssm, ssm.size()), ssm, 1e-4, "delta rule state" + d);
+      if (steps) expect_close(down(dsteps, step_want.size()), step_want, 1e-4, "step states" + d);
+      ++call;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tokenmill::cudatest

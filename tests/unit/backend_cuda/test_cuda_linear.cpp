@@ -1,0 +1,164 @@
+// linear (GEMV n <= 16 and tiled GEMM above) and embed: CUDA against the CPU backend on the
+// same weights, every float format and every MLX affine bits/group/scale type.
+// Tolerance 1e-4 relative: both accumulate in F32 (no bf16 rounding of activations on either
+// side), in different orders over <= 256 terms.
+#include <cstring>
+
+#include "cuda_test_util.h"
+#include "tensor/affine.h"
+#include "tensor/dtype.h"
+
+namespace tokenmill::cudatest {
+namespace {
+
+constexpr double kTol = 1e-4;
+
+struct HostWeight {
+  Weight w;
+  std::vector<uint8_t> data, scales, biases;
+};
+
+HostWeight float_weight(Rng& rng, DType t, int64_t rows, int64_t cols, int64_t experts) {
+  HostWeight h;
+  const int64_t count = (experts ? experts : 1) * rows * cols;
+  h.data.resize(static_cast<size_t>(count) * dtype_size(t));
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = rng.normal(0.5f);
+    if (t == DType::F32) {
+      std::memcpy(h.data.data() + i * 4, &v, 4);
+    } else {
+      const uint16_t b = t == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+      std::memcpy(h.data.data() + i * 2, &b, 2);
+    }
+  }
+  h.w.dtype = t;
+  h.w.data = h.data.data();
+  h.w.rows = rows;
+  h.w.cols = cols;
+  h.w.experts = experts;
+  return h;
+}
+
+HostWeight affine_weight(Rng& rng, int bits, int group, DType sd, int64_t rows, int64_t cols,
+                         int64_t experts) {
+  HostWeight h;
+  const int64_t mats = experts ? experts : 1, groups = cols / group, words = cols * bits / 32;
+  std::vector<float> src(static_cast<size_t>(rows * cols)), s(static_cast<size_t>(rows * groups)),
+      b(s.size());
+  std::vector<uint32_t> packed(static_cast<size_t>(rows * words));
+  h.data.resize(static_cast<size_t>(mats * rows * words * 4));
+  h.scales.resize(static_cast<size_t>(mats * rows * groups) * dtype_size(sd));
+  h.biases.resize(h.scales.size());
+  for (int64_t e = 0; e < mats; ++e) {
+    for (auto& v : src) v = rng.normal(0.5f) + 0.1f;
+    affine::quantize(src.data(), rows, cols, bits, group, packed.data(), s.data(), b.data());
+    std::memcpy(h.data.data() + e * rows * words * 4, packed.data(), packed.size() * 4);
+    for (int64_t i = 0; i < rows * groups; ++i) {
+      const int64_t at = e * rows * groups + i;
+      if (sd == DType::F32) {
+        std::memcpy(h.scales.data() + at * 4, &s[i], 4);
+        std::memcpy(h.biases.data() + at * 4, &b[i], 4);
+      } else {
+        const uint16_t hs = sd == DType::BF16 ? f32_to_bf16(s[i]) : f32_to_f16(s[i]);
+        const uint16_t hb = sd == DType::BF16 ? f32_to_bf16(b[i]) : f32_to_f16(b[i]);
+        std::memcpy(h.scales.data() + at * 2, &hs, 2);
+        std::memcpy(h.biases.data() + at * 2, &hb, 2);
+      }
+    }
+  }
+  h.w.dtype = DType::U32;
+  h.w.bits = bits;
+  h.w.group = group;
+  h.w.scale_dtype = sd;
+  h.w.data = h.data.data();
+  h.w.scales = h.scales.data();
+  h.w.biases = h.biases.data();
+  h.w.rows = rows;
+  h.w.cols = cols;
+  h.w.experts = experts;
+  return h;
+}
+
+class CudaLinear : public CudaVsCpu {
+ protected:
+  // Runs linear on both backends for each n and compares.
+  void check(const HostWeight& hw, const std::vector<int64_t>& ns, int expert,
+             const std::string& what) {
+    const Weight dw = gpu->upload_weight(hw.w);
+    Rng rng(static_cast<uint32_t>(hw.w.rows * 31 + hw.w.cols + expert));
+    for (int64_t n : ns) {
+      std::vector<float> x = rng.normals(static_cast<size_t>(n * hw.w.cols));
+      std::vector<float> want(static_cast<size_t>(n * hw.w.rows));
+      cpu->linear(x.data(), n, hw.w, want.data(), expert);
+      float* dout = poisoned(want.size());
+      gpu->linear(up(x), n, dw, dout, expert);
+      expect_close(down(dout, want.size()), want, kTol, what + " n=" + std::to_string(n));
+    }
+  }
+  const std::vector<int64_t> ns_ = {1, 2, 5, 16, 17, 70, 130};
+};
+
+TEST_F(CudaLinear, FloatFormats) {
+  Rng rng(1);
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+    // cols 256 takes the 8-wide loads; cols 45 the element path (no multiple of 8).
+    for (int64_t cols : {256, 45}) {
+      HostWeight hw = float_weight(rng, t, 37, cols, 0);
+      check(hw, ns_, 0, std::string(dtype_name(t)) + " cols=" + std::to_string(cols));
+    }
+  }
+}
+
+TEST_F(CudaLinear, AffineEveryBitsGroupScaleType) {
+  Rng rng(2);
+  for (int bits : {2, 3, 4, 5, 6, 8}) {
+    for (int group : {32, 64, 128}) {
+      for (DType sd : {DType::BF16, DType::F16, DType::F32}) {
+        HostWeight hw = affine_weight(rng, bits, group, sd, 40, 256, 0);
+        check(hw, {1, 3, 16, 33}, 0,
+              "q" + std::to_string(bits) + "g" + std::to_string(group) + " " + dtype_name(sd));
+      }
+    }
+  }
+}
+
+TEST_F(CudaLinear, StackedExpertsPickTheMatrix) {
+  Rng rng(3);
+  HostWeight a = affine_weight(rng, 4, 64, DType::BF16, 24, 128, 3);
+  check(a, {1, 7, 20}, 2, "affine expert 2");
+  HostWeight f = float_weight(rng, DType::BF16, 24, 128, 3);
+  check(f, {1, 7, 20}, 1, "bf16 expert 1");
+}
+
+TEST_F(CudaLinear, LargeShapes) {
+  Rng rng(4);
+  HostWeight hw = affine_weight(rng, 4, 64, DType::BF16, 1000, 1024, 0);
+  check(hw, {1, 8, 300}, 0, "q4g64 1000x1024");
+  HostWeight fw = float_weight(rng, DType::BF16, 515, 768, 0);
+  check(fw, {4, 129}, 0, "bf16 515x768");
+}
+
+TEST_F(CudaLinear, EmbedEveryFormat) {
+  Rng rng(5);
+  const std::vector<int32_t> ids = {0, 7, 3, 99, 7, 50};
+  std::vector<HostWeight> tables;
+  tables.push_back(float_weight(rng, DType::BF16, 100, 96, 0));
+  tables.push_back(float_weight(rng, DType::F32, 100, 96, 0));
+  tables.push_back(float_weight(rng, DType::F16, 100, 96, 0));
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    tables.push_back(affine_weight(rng, bits, 32, DType::F16, 100, 96, 0));
+  for (const HostWeight& hw : tables) {
+    const Weight dw = gpu->upload_weight(hw.w);
+    std::vector<float> want(ids.size() * 96);
+    cpu->embed(hw.w, ids.data(), static_cast<int>(ids.size()), want.data());
+    float* dout = poisoned(want.size());
+    gpu->embed(dw, up(ids), static_cast<int>(ids.size()), dout);
+    // Dequantization is one multiply-add per element: agreement to F32 rounding.
+    expect_close(
+        down(dout, want.size()), want, 1e-6,
+        std::string("embed ") + dtype_name(hw.w.dtype) + " bits " + std::to_string(hw.w.bits));
+  }
+}
+
+}  // namespace
+}  // namespace tokenmill::cudatest

@@ -1,0 +1,169 @@
+// The whole forward on the CUDA backend: the golden fixtures (transformers float64 references,
+// tests/fixtures/golden) and the bundled demo model, loaded through Model::load onto the GPU.
+// Checks: per-token logprobs within 2e-3 of the reference (the CPU golden tolerance, see
+// tests/unit/golden/test_golden.cpp), whole prefill = chunked (7-token) prefill = all sequences
+// batched together, within 1e-3 of each other.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cache/cache_manager.h"
+#include "cuda_test_util.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+
+namespace tokenmill::cudatest {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr double kLogprobTol = 2e-3;
+constexpr double kChunkTol = 1e-3;
+
+// A model and its caches on the CUDA backend; run() as tests/support/model_harness.h (chunks of
+// `chunk` tokens, all sequences advancing in the same forward calls).
+struct DevHarness {
+  std::unique_ptr<Backend> backend = make_cuda_backend(0);
+  std::unique_ptr<Model> model;
+  std::unique_ptr<CacheManager> cache;
+
+  explicit DevHarness(const std::string& dir) {
+    model = Model::load(dir, *backend);
+    CacheOptions o;
+    o.block_size = 16;
+    o.num_blocks = 512;
+    o.num_slots = 8;
+    cache = std::make_unique<CacheManager>(*backend, model->geometry(), o);
+  }
+  int vocab() const { return static_cast<int>(model->config().vocab_size); }
+
+  std::vector<std::vector<float>> run(const std::vector<std::vector<int32_t>>& seqs, int chunk) {
+    const size_t n = seqs.size();
+    std::vector<int> slot(n), done(n, 0);
+    std::vector<std::vector<int32_t>> blocks(n);
+    std::vector<std::vector<float>> out(n);
+    for (size_t s = 0; s < n; ++s) slot[s] = cache->acquire_slot();
+    for (;;) {
+      Batch b;
+      std::vector<size_t> who;
+      std::vector<int> took;
+      for (size_t s = 0; s < n; ++s) {
+        const int left = static_cast<int>(seqs[s].size()) - done[s];
+        if (left == 0) continue;
+        const int take = chunk > 0 ? std::min(chunk, left) : left;
+        EXPECT_TRUE(cache->reserve(blocks[s], done[s] + take));
+        std::vector<int32_t> ids(seqs[s].begin() + done[s], seqs[s].begin() + done[s] + take);
+        b.add_sequence(ids, done[s], slot[s], blocks[s], true);
+        who.push_back(s);
+        took.push_back(take);
+      }
+      if (who.empty()) break;
+      std::vector<float> logits;
+      model->forward(b, cache->views(), &logits);
+      size_t row = 0;
+      for (size_t i = 0; i < who.size(); ++i) {
+        const size_t count = static_cast<size_t>(took[i]) * vocab();
+        out[who[i]].insert(out[who[i]].end(), logits.begin() + row * vocab(),
+                           logits.begin() + row * vocab() + count);
+        row += took[i];
+        done[who[i]] += took[i];
+      }
+    }
+    for (size_t s = 0; s < n; ++s) {
+      cache->release(blocks[s]);
+      cache->release_slot(slot[s]);
+    }
+    return out;
+  }
+
+  // Logprob of each next token, [len - 1].
+  std::vector<double> logprobs(const std::vector<int32_t>& ids, const std::vector<float>& logits) {
+    std::vector<double> lp;
+    for (size_t t = 0; t + 1 < ids.size(); ++t)
+      lp.push_back(token_logprob(&logits[t * vocab()], vocab(), ids[t + 1], 0, nullptr));
+    return lp;
+  }
+};
+
+double worst_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double w = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double e = std::fabs(a[i] - b[i]);
+    w = std::isnan(e) ? INFINITY : std::max(w, e);
+  }
+  return w;
+}
+
+nlohmann::json load_json(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+
+std::vector<std::string> fixture_names() {
+  std::vector<std::string> names;
+  const fs::path root = fs::path(TM_SOURCE_DIR) / "tests/fixtures/golden";
+  for (const auto& e : fs::directory_iterator(root)) {
+    if (e.is_directory() && fs::exists(e.path() / "reference.json"))
+      names.push_back(e.path().filename());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Sequences (ids) and their reference next-token logprobs from a reference file's entries.
+void check_model(const std::string& dir, const nlohmann::json& entries, const char* lp_key,
+                 const std::string& label) {
+  DevHarness h(dir);
+  std::vector<std::vector<int32_t>> seqs;
+  std::vector<std::vector<double>> want;
+  for (const auto& e : entries) {
+    seqs.push_back(e["ids"].get<std::vector<int32_t>>());
+    want.push_back(e[lp_key].get<std::vector<double>>());
+  }
+  ASSERT_FALSE(seqs.empty());
+  double worst_ref = 0, worst_chunk = 0, worst_batch = 0;
+  // All sequences in one varlen batch, chunked by 7.
+  auto batched = h.run(seqs, 7);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    auto whole = h.logprobs(seqs[i], h.run({seqs[i]}, 0)[0]);
+    auto chunked = h.logprobs(seqs[i], h.run({seqs[i]}, 7)[0]);
+    auto batch = h.logprobs(seqs[i], batched[i]);
+    ASSERT_EQ(whole.size(), want[i].size());
+    worst_ref = std::max(worst_ref, worst_diff(whole, want[i]));
+    worst_ref = std::max(worst_ref, worst_diff(chunked, want[i]));
+    worst_chunk = std::max(worst_chunk, worst_diff(whole, chunked));
+    worst_batch = std::max(worst_batch, worst_diff(whole, batch));
+  }
+  std::printf(
+      "[cuda model] %s: worst |logprob - reference| %.3g, whole vs chunked %.3g, "
+      "whole vs batched %.3g\n",
+      label.c_str(), worst_ref, worst_chunk, worst_batch);
+  EXPECT_LT(worst_ref, kLogprobTol) << label;
+  EXPECT_LT(worst_chunk, kChunkTol) << label;
+  EXPECT_LT(worst_batch, kChunkTol) << label;
+}
+
+class CudaGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaGolden, LogprobsAndChunkingMatchReference) {
+  TM_REQUIRE_CUDA_DEVICE();
+  const fs::path dir = fs::path(TM_SOURCE_DIR) / "tests/fixtures/golden" / GetParam();
+  const nlohmann::json ref = load_json(dir / "reference.json");
+  check_model(dir.string(), ref["sequences"], "next_logprobs", GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden, ::testing::ValuesIn(fixture_names()),
+                         [](const auto& p) { return p.param; });
+
+TEST(CudaDemoModel, LogprobsMatchTransformers) {
+  TM_REQUIRE_CUDA_DEVICE();
+  const fs::path demo = fs::path(TM_SOURCE_DIR) / "models/demo";
+  const nlohmann::json ref =
+      load_json(fs::path(TM_SOURCE_DIR) / "tests/fixtures/demo/demo_logprobs.json");
+  check_model(demo.string(), ref["texts"], "next_logprobs", "demo");
+}
+
+}  // namespace
+}  // namespace tokenmill::cudatest

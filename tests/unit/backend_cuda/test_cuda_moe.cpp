@@ -1,0 +1,86 @@
+// moe: CUDA against the CPU backend with the router's ids and weights from the CPU (the same
+// routing on both sides), float and affine experts, decode and prefill row counts.
+// Tolerance 1e-4 relative (F32 accumulation in different orders through two products).
+#include <cstring>
+
+#include "cuda_test_util.h"
+#include "tensor/affine.h"
+
+namespace tokenmill::cudatest {
+namespace {
+
+struct Experts {
+  Weight w;
+  std::vector<uint8_t> data, scales, biases;
+};
+
+Experts make_experts(Rng& rng, int bits, int64_t E, int64_t rows, int64_t cols) {
+  Experts x;
+  if (bits == 0) {
+    x.data.resize(static_cast<size_t>(E * rows * cols) * 2);
+    for (size_t i = 0; i < x.data.size() / 2; ++i) {
+      const uint16_t h = f32_to_bf16(rng.normal(0.3f));
+      std::memcpy(x.data.data() + i * 2, &h, 2);
+    }
+    x.w.dtype = DType::BF16;
+  } else {
+    const int group = 32;
+    const int64_t words = cols * bits / 32, groups = cols / group;
+    std::vector<float> src(static_cast<size_t>(rows * cols)), s(static_cast<size_t>(rows * groups)),
+        b(s.size());
+    std::vector<uint32_t> packed(static_cast<size_t>(rows * words));
+    x.data.resize(static_cast<size_t>(E * rows * words * 4));
+    x.scales.resize(static_cast<size_t>(E * rows * groups) * 4);
+    x.biases.resize(x.scales.size());
+    for (int64_t e = 0; e < E; ++e) {
+      for (auto& v : src) v = rng.normal(0.3f);
+      affine::quantize(src.data(), rows, cols, bits, group, packed.data(), s.data(), b.data());
+      std::memcpy(x.data.data() + e * rows * words * 4, packed.data(), packed.size() * 4);
+      std::memcpy(x.scales.data() + e * rows * groups * 4, s.data(), s.size() * 4);
+      std::memcpy(x.biases.data() + e * rows * groups * 4, b.data(), b.size() * 4);
+    }
+    x.w.dtype = DType::U32;
+    x.w.bits = bits;
+    x.w.group = group;
+    x.w.scale_dtype = DType::F32;
+    x.w.scales = x.scales.data();
+    x.w.biases = x.biases.data();
+  }
+  x.w.data = x.data.data();
+  x.w.rows = rows;
+  x.w.cols = cols;
+  x.w.experts = E;
+  return x;
+}
+
+class CudaMoe : public CudaVsCpu {};
+
+TEST_F(CudaMoe, MatchesCpu) {
+  Rng rng(31);
+  const int64_t E = 6, hidden = 64, inter = 96;
+  const int k = 2;
+  for (int bits : {0, 4, 3}) {
+    Experts g = make_experts(rng, bits, E, inter, hidden),
+            u = make_experts(rng, bits, E, inter, hidden),
+            d = make_experts(rng, bits, E, hidden, inter);
+    const Weight dg = gpu->upload_weight(g.w), du = gpu->upload_weight(u.w),
+                 dd = gpu->upload_weight(d.w);
+    for (int64_t n : {1, 5, 40}) {
+      std::vector<float> x = rng.normals(static_cast<size_t>(n * hidden));
+      std::vector<float> logits = rng.normals(static_cast<size_t>(n * E));
+      std::vector<int32_t> ids(static_cast<size_t>(n * k));
+      std::vector<float> w(ids.size());
+      cpu->topk_softmax(logits.data(), n, static_cast<int>(E), k, true, ids.data(), w.data());
+      std::vector<float> scratch(static_cast<size_t>(n * k * (2 * inter + hidden)));
+      std::vector<float> want(static_cast<size_t>(n * hidden));
+      cpu->moe(x.data(), n, k, ids.data(), w.data(), g.w, u.w, d.w, want.data(), scratch.data());
+      float* dout = poisoned(want.size());
+      gpu->moe(up(x), n, k, up(ids), up(w), dg, du, dd, dout, poisoned(scratch.size()));
+      expect_close(down(dout, want.size()), want, 1e-4,
+                   "moe bits " + std::to_string(bits) + " n=" + std::to_string(n));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tokenmill::cudatest

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Builds tokenmill with the CUDA backend on the GPU machine and runs its checks, all within
+# about 8 minutes of wall clock (TOTAL_S). Run from the repository root with .debs/ carried:
+#     bash tools/gpu_test.sh
+# .debs/ holds the Debian library packages (apt-get download, see docs in the report): they
+# are unpacked with dpkg -x into $DEPS and the build is pointed there (no network, no apt).
+# Stages (each under `timeout`; a failing stage does not stop the next):
+#   deps, configure, build (ninja -j16, TM_NATIVE=OFF),
+#   tm_test_backend_cuda, tm_test_golden, the CPU unit tests (quick ones),
+#   bench (qwen3.5-27b q4g64 dummy weights; cpu-120m preset when that fails or time is short),
+#   compute-sanitizer memcheck on a short tm_test_backend_cuda filter.
+# Logs: $OUT/<stage>.log and $OUT/summary.txt (printed last).
+set -u
+: "${OUT:=/tmp/tokenmill_gpu_out}"
+DEPS="${DEPS:-/tmp/deps}"
+BUILD="${BUILD:-build-gpu}"
+JOBS="${JOBS:-16}"
+TOTAL_S="${TOTAL_S:-470}"
+STAGES="${STAGES:-deps configure build cuda golden cpu bench sanitizer}"
+START=$(date +%s)
+DEADLINE=$((START + TOTAL_S))
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+
+left() { echo $((DEADLINE - $(date +%s))); }
+note() { echo "$*" | tee -a "$SUMMARY"; }
+want() { [[ " $STAGES " == *" $1 "* ]]; }
+# stage NAME LIMIT_S CMD...: runs CMD with a time limit (capped by what is left), logs to
+# $OUT/NAME.log, records the outcome.
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  local rest
+  rest=$(( $(left) - 5 ))
+  if (( rest < 10 )); then
+    note "$name: SKIPPED (out of time)"
+    return 1
+  fi
+  (( limit > rest )) && limit=$rest
+  local t0 rc
+  t0=$(date +%s)
+  timeout --signal=TERM --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  note "$name: rc=$rc in $(( $(date +%s) - t0 ))s (limit ${limit}s)$( ((rc == 124)) && echo ' TIMED OUT')"
+  return $rc
+}
+
+LIBDIR="$DEPS/usr/lib/x86_64-linux-gnu"
+export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PKG_CONFIG_PATH="$LIBDIR/pkgconfig:$DEPS/usr/share/pkgconfig"
+# The .pc files say prefix=/usr: the sysroot maps their -I/-L paths into $DEPS.
+export PKG_CONFIG_SYSROOT_DIR="$DEPS"
+export PATH="/usr/local/cuda/bin:$PATH"
+
+note "gpu_test start $(date -u +%FT%TZ); host $(hostname); $(nproc) cores"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
+df -h /tmp | tail -1 | tee -a "$SUMMARY"
+
+unpack() {
+  set -e
+  ls .debs/*.deb > /dev/null
+  mkdir -p "$DEPS"
+  for f in .debs/*.deb; do dpkg -x "$f" "$DEPS"; done
+  ls "$LIBDIR" | head -50
+}
+configure() {
+  cmake -S . -B "$BUILD" -G Ninja -DTM_CUDA=ON -DTM_NATIVE=OFF -DTM_WERROR=OFF \
+    -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" \
+    -DCMAKE_PREFIX_PATH="$DEPS/usr" -DCMAKE_INCLUDE_PATH="$DEPS/usr/include" \
+    -DCMAKE_LIBRARY_PATH="$LIBDIR" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 ${CMAKE_ARGS:-}
+}
+
+export DEPS LIBDIR BUILD
+export -f unpack configure
+want deps && stage deps 60 bash -c unpack
+want configure && stage configure 90 bash -c configure
+want build && stage build 300 ninja -C "$BUILD" -j "$JOBS" tokenmill tm_test_backend_cuda \
+  tm_test_golden tm_test_backend_cpu tm_test_model tm_test_tensor tm_test_engine
+T="$BUILD/tests"
+want cuda && stage cuda 150 "$T/tm_test_backend_cuda"
+grep -E "^\[cuda model\]|FAILED|PASSED|SKIPPED \]" "$OUT/cuda.log" 2>/dev/null | head -40 >> "$SUMMARY"
+want golden && stage golden 120 "$T/tm_test_golden"
+grep -E "FAILED|PASSED" "$OUT/golden.log" 2>/dev/null | head -10 >> "$SUMMARY"
+if want cpu; then
+  for b in tm_test_backend_cpu tm_test_model tm_test_tensor tm_test_engine; do
+    stage "cpu_$b" 60 "$T/$b" && true
+    grep -E "FAILED|PASSED" "$OUT/cpu_$b.log" 2>/dev/null | head -5 >> "$SUMMARY"
+  done
+fi
+if want bench; then
+  BENCH_ARGS=(bench --dummy-weights --device cuda --prompt-lengths 512 --contexts 1024
+              --batches 1,4 --decode-tokens 16 --work-dir /tmp/tm_bench_work)
+  mkdir -p /tmp/tm_bench_work
+  if ! stage bench_27b 200 "$BUILD/tokenmill" "${BENCH_ARGS[@]}" --preset qwen3.5-27b \
+       --quant q4g64 --json "$OUT/bench_27b.json"; then
+    stage bench_120m 90 "$BUILD/tokenmill" "${BENCH_ARGS[@]}" --preset cpu-120m \
+      --json "$OUT/bench_120m.json" && true
+  fi
+  tail -25 "$OUT"/bench_*.log 2>/dev/null >> "$SUMMARY"
+  rm -rf /tmp/tm_bench_work
+fi
+if want sanitizer; then
+  stage sanitizer 120 compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$T/tm_test_backend_cuda" \
+    --gtest_filter='CudaOps.*:CudaAttention.*:CudaGdn.*:CudaMoe.*:CudaLinear.StackedExperts*'
+  grep -E "ERROR SUMMARY|FAILED|PASSED" "$OUT/sanitizer.log" 2>/dev/null | head -5 >> "$SUMMARY"
+fi
+note "gpu_test done in $(( $(date +%s) - START ))s"
+cat "$SUMMARY"
