@@ -25,9 +25,9 @@ namespace tokenmill {
 // words (row stride = cols*bits/32 words); `scales` and `biases` hold [rows, cols/group] values
 // of `scale_dtype`; w = scale*q + bias.
 struct Weight {
-  DType dtype = DType::F32;        // element type of `data` (U32 for affine)
-  int bits = 0;                    // 0 = float weight; 2,3,4,5,6,8 = MLX affine
-  int group = 0;                   // affine group size (32, 64 or 128)
+  DType dtype = DType::F32;         // element type of `data` (U32 for affine)
+  int bits = 0;                     // 0 = float weight; 2,3,4,5,6,8 = MLX affine
+  int group = 0;                    // affine group size (32, 64 or 128)
   DType scale_dtype = DType::BF16;  // affine scales and biases
   const void* data = nullptr;
   const void* scales = nullptr;
@@ -38,7 +38,9 @@ struct Weight {
   bool quantized() const { return bits > 0; }
   // Bytes of one expert's (or the whole plain matrix's) data, scales and biases.
   size_t bytes_per_matrix() const;
-  size_t total_bytes() const { return bytes_per_matrix() * static_cast<size_t>(experts ? experts : 1); }
+  size_t total_bytes() const {
+    return bytes_per_matrix() * static_cast<size_t>(experts ? experts : 1);
+  }
 };
 
 // Varlen sequence layout for one forward call: sequence s owns rows
@@ -112,9 +114,9 @@ class Backend {
                          int64_t rows, int64_t cols) = 0;
   // out[i, :] = x[rows[i], :] for i < n.
   virtual void gather_rows(const float* x, int dim, const int32_t* rows, int n, float* out) = 0;
-  virtual void add(float* x, const float* y, int64_t n) = 0;                // x += y
+  virtual void add(float* x, const float* y, int64_t n) = 0;  // x += y
   virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
-  virtual void sigmoid_mul(float* x, const float* gate, int64_t n) = 0;    // x *= sigmoid(gate)
+  virtual void sigmoid_mul(float* x, const float* gate, int64_t n) = 0;  // x *= sigmoid(gate)
   // x[r, :] *= sigmoid(gate[r]) for a gate column per row: used by the shared-expert gate.
   virtual void scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) = 0;
 
@@ -148,10 +150,9 @@ class Backend {
   // g (log decay) and beta [n_tokens, v_heads], out [n_tokens, v_heads, v_dim].
   // When step_states != nullptr, the state after each row t is also written to
   // step_states[t] ([n_tokens, v_heads, k_dim, v_dim]) for speculative rollback.
-  virtual void gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs,
-                                const int32_t* slots, const float* q, const float* k,
-                                const float* v, const float* g, const float* beta, float* out,
-                                float* step_states) = 0;
+  virtual void gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
+                                const float* q, const float* k, const float* v, const float* g,
+                                const float* beta, float* out, float* step_states) = 0;
   // g = -exp(A_log) * softplus(a + dt_bias); beta = sigmoid(b); a, b, g, beta: [n, heads].
   virtual void gdn_gates(const float* a, const float* b, const float* a_log, const float* dt_bias,
                          float* g, float* beta, int64_t n, int heads) = 0;

@@ -22,8 +22,12 @@ constexpr DTypeInfo kInfo[] = {
 };
 }  // namespace
 
-size_t dtype_size(DType t) { return kInfo[static_cast<int>(t)].size; }
-const char* dtype_name(DType t) { return kInfo[static_cast<int>(t)].name; }
+size_t dtype_size(DType t) {
+  return kInfo[static_cast<int>(t)].size;
+}
+const char* dtype_name(DType t) {
+  return kInfo[static_cast<int>(t)].name;
+}
 
 bool parse_dtype(std::string_view s, DType* out) {
   for (const auto& i : kInfo) {

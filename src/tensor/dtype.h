@@ -9,8 +9,22 @@
 namespace tokenmill {
 
 enum class DType : uint8_t {
-  F64, F32, F16, BF16, F8_E4M3, F8_E5M2, F8_E8M0,
-  I64, I32, I16, I8, U64, U32, U16, U8, BOOL,
+  F64,
+  F32,
+  F16,
+  BF16,
+  F8_E4M3,
+  F8_E5M2,
+  F8_E8M0,
+  I64,
+  I32,
+  I16,
+  I8,
+  U64,
+  U32,
+  U16,
+  U8,
+  BOOL,
 };
 
 // Bytes per element.

@@ -11,7 +11,8 @@ namespace tokenmill {
 class MappedFile {
  public:
   MappedFile() = default;
-  explicit MappedFile(const std::string& path);  // throws tokenmill::Error naming the path on failure
+  explicit MappedFile(
+      const std::string& path);  // throws tokenmill::Error naming the path on failure
   ~MappedFile();
   MappedFile(MappedFile&& o) noexcept;
   MappedFile& operator=(MappedFile&& o) noexcept;

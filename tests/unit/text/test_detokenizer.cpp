@@ -44,7 +44,8 @@ const std::vector<std::string>& corpus() {
          {"<think>\nLet me think about 🧠 this.\n</think>\n\nThe answer is 42.<|im_end|>",
           "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"東京\"}}\n"
           "</tool_call>",
-          "Emoji: 👨‍👩‍👧‍👦 🏳️‍🌈 🇯🇵 — family, flags; 中文、日本語、한국어; Ελληνικά; "
+          "Emoji: 👨‍👩‍👧‍👦 🏳️‍🌈 🇯🇵 — family, flags; 中文、日本語、한국어; "
+          "Ελληνικά; "
           "עברית; हिन्दी",
           "fn main() {\n    println!(\"{}\", \"héllo\");\n}\n",
           "\xF0\x9F\x98\x80\xF0\x9F\x98\x81"}) {

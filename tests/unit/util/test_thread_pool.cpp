@@ -13,9 +13,12 @@ TEST(ThreadPool, CoversEveryIndexExactlyOnce) {
   for (int64_t n : {1, 2, 5, 64, 1000}) {
     for (int64_t grain : {1, 4, 16}) {
       std::vector<std::atomic<int>> hits(n);
-      pool.run(n, [&](int64_t b, int64_t e, int) {
-        for (int64_t i = b; i < e; ++i) hits[i]++;
-      }, grain);
+      pool.run(
+          n,
+          [&](int64_t b, int64_t e, int) {
+            for (int64_t i = b; i < e; ++i) hits[i]++;
+          },
+          grain);
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
     }
   }
