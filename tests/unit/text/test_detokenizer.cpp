@@ -40,6 +40,8 @@ const std::vector<std::string>& corpus() {
     while (std::getline(in, line) && out.size() < 400) {
       if (!line.empty()) out.push_back(nlohmann::json::parse(line).get<std::string>());
     }
+    // clang-format 14 re-wraps the emoji literal differently on every run:
+    // clang-format off
     for (const char* s :
          {"<think>\nLet me think about 🧠 this.\n</think>\n\nThe answer is 42.<|im_end|>",
           "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"東京\"}}\n"
@@ -51,6 +53,7 @@ const std::vector<std::string>& corpus() {
           "\xF0\x9F\x98\x80\xF0\x9F\x98\x81"}) {
       out.push_back(s);
     }
+    // clang-format on
     return out;
   }();
   return strings;
