@@ -92,7 +92,7 @@ if want bench; then
   BENCH_ARGS=(bench --dummy-weights --device cuda --prompt-lengths 512 --contexts 1024
               --batches 1,4 --decode-tokens 16 --work-dir /tmp/tm_bench_work)
   mkdir -p /tmp/tm_bench_work
-  if ! stage bench_27b 200 "$BUILD/tokenmill" "${BENCH_ARGS[@]}" --preset qwen3.5-27b \
+  if [[ "${BENCH_SMALL:-0}" == 1 ]] || ! stage bench_27b 200 "$BUILD/tokenmill" "${BENCH_ARGS[@]}" --preset qwen3.5-27b \
        --quant q4g64 --json "$OUT/bench_27b.json"; then
     stage bench_120m 90 "$BUILD/tokenmill" "${BENCH_ARGS[@]}" --preset cpu-120m \
       --json "$OUT/bench_120m.json" && true
