@@ -6,7 +6,10 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <vector>
+
+#include <unistd.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "cache/cache_manager.h"
@@ -81,10 +84,24 @@ inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>
   return m;
 }
 
+// A fresh directory private to this process. ctest runs every test case as its own process, in
+// parallel: a shared path would let one process rewrite a checkpoint another has mapped. The
+// directories are removed when the process exits.
 inline std::string temp_dir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() / ("tokenmill-test-" + name);
+  struct Owned {
+    std::vector<std::filesystem::path> dirs;
+    ~Owned() {
+      std::error_code ec;
+      for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+    }
+  };
+  static Owned owned;
+  auto p = std::filesystem::temp_directory_path() /
+           ("tokenmill-test-" + name + "-" + std::to_string(::getpid()) + "-" +
+            std::to_string(owned.dirs.size()));
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
+  owned.dirs.push_back(p);
   return p.string();
 }
 
