@@ -7,7 +7,8 @@
 # Stages (each under `timeout`; a failing stage does not stop the next):
 #   deps, configure, build (ninja -j16, TM_NATIVE=OFF),
 #   tm_test_backend_cuda, tm_test_golden, the CPU unit tests (quick ones),
-#   bench (qwen3.5-27b q4g64 dummy weights; cpu-120m preset when that fails or time is short),
+#   bench (BENCH_PRESETS, default the 27B shape at q4g64 and bf16 and the 35B-A3B shape at q4g64,
+#   dummy weights generated on the device),
 #   compute-sanitizer memcheck on a short tm_test_backend_cuda filter.
 # Logs: $OUT/<stage>.log and $OUT/summary.txt (printed last).
 set -u
@@ -89,16 +90,17 @@ if want cpu; then
   done
 fi
 if want bench; then
-  BENCH_ARGS=(bench --dummy-weights --device cuda --prompt-lengths 512 --contexts 1024
-              --batches 1,4 --decode-tokens 16 --work-dir /tmp/tm_bench_work)
-  mkdir -p /tmp/tm_bench_work
-  if [[ "${BENCH_SMALL:-0}" == 1 ]] || ! stage bench_27b 200 "$BUILD/tokenmill" "${BENCH_ARGS[@]}" --preset qwen3.5-27b \
-       --quant q4g64 --json "$OUT/bench_27b.json"; then
-    stage bench_120m 90 "$BUILD/tokenmill" "${BENCH_ARGS[@]}" --preset cpu-120m \
-      --json "$OUT/bench_120m.json" && true
-  fi
-  tail -25 "$OUT"/bench_*.log 2>/dev/null >> "$SUMMARY"
-  rm -rf /tmp/tm_bench_work
+  # Dummy weights are generated on the device (no files). BENCH_PRESETS: "preset:quant ...".
+  BENCH_ARGS=(bench --dummy-weights --device cuda --prompt-lengths "${BENCH_PROMPTS:-512}"
+              --contexts "${BENCH_CONTEXTS:-1024}" --batches "${BENCH_BATCHES:-1}"
+              --decode-tokens "${BENCH_DECODE:-32}" ${BENCH_EXTRA:-})
+  for pq in ${BENCH_PRESETS:-qwen3.5-27b:q4g64 qwen3.5-27b:bf16 qwen3.5-35b-a3b:q4g64}; do
+    p=${pq%%:*} q=${pq##*:}
+    stage "bench_${p}_${q}" "${BENCH_LIMIT:-120}" "$BUILD/tokenmill" "${BENCH_ARGS[@]}" \
+      --preset "$p" --quant "$q" --json "$OUT/bench_${p}_${q}.json" \
+      --chart "$OUT/bench_${p}_${q}.svg" && true
+    tail -22 "$OUT/bench_${p}_${q}.log" >> "$SUMMARY"
+  done
 fi
 if want sanitizer; then
   stage sanitizer 120 compute-sanitizer --tool memcheck --error-exitcode 3 \

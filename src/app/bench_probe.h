@@ -12,8 +12,8 @@ namespace tokenmill::app {
 bool is_cpu_backend(const Backend& backend);
 // "cpu: <model name>, N threads" or the GPU's name.
 std::string describe_device(Backend& backend, int threads);
-// Read bandwidth in GB/s: a read-only reduction over a buffer far larger than the caches
-// (1 GiB on the CPU), best of several runs.
+// Read bandwidth in GB/s: the backend's read_probe over a buffer far larger than the caches
+// (1 GiB on the CPU, 4 GiB on a GPU), best of five runs after a warm-up.
 double measure_read_bandwidth(Backend& backend, ThreadPool& pool);
 // bf16-weight matmul rate in TFLOP/s through the backend's own linear op.
 double measure_bf16_matmul(Backend& backend);

@@ -7,8 +7,6 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -17,8 +15,11 @@
 #include "app/bench_probe.h"
 #include "app/bench_report.h"
 #include "app/commands.h"
+#include "backend/profiling_backend.h"
 #include "engine/engine.h"
+#include "io/checkpoint.h"
 #include "model/model.h"
+#include "model/synthetic.h"
 #include "util/error.h"
 
 namespace tokenmill::app {
@@ -29,8 +30,9 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
   std::string dir, preset, quant = "q4g64", json_path = "bench.json", chart_path = "bench.svg";
-  std::string work_dir;
   bool dummy = false;
+  bool no_graphs = false;
+  bool profile_ops = false;
   std::vector<int> prompts, contexts, batches;
   int decode_tokens = 32;
   int64_t cache_mb = 0;
@@ -82,24 +84,6 @@ std::vector<int32_t> random_prompt(int n, int64_t vocab, uint64_t seed) {
   return v;
 }
 
-std::string prepare_dummy(const BenchOptions& o, SyntheticSpec spec) {
-  apply_quant(spec, o.quant);
-  namespace fs = std::filesystem;
-  std::string dir =
-      o.work_dir.empty()
-          ? (fs::temp_directory_path() / ("tokenmill-bench-" + o.preset + "-" + o.quant)).string()
-          : o.work_dir;
-  if (fs::exists(fs::path(dir) / "model.safetensors") &&
-      fs::exists(fs::path(dir) / "config.json")) {
-    std::fprintf(stderr, "reusing dummy checkpoint %s\n", dir.c_str());
-    return dir;
-  }
-  std::fprintf(stderr, "writing a dummy %s %s checkpoint (%.2f GB) to %s ...\n", o.preset.c_str(),
-               o.quant.c_str(), synthetic_weight_bytes(spec) / 1e9, dir.c_str());
-  write_synthetic_checkpoint(dir, spec);
-  return dir;
-}
-
 void bench_command(BenchOptions o) {
   if (o.dir.empty() == o.preset.empty()) fail("give either a model directory or --preset NAME");
   if (!o.preset.empty() && !o.dummy) {
@@ -113,21 +97,35 @@ void bench_command(BenchOptions o) {
     o.contexts = cpu ? std::vector<int>{128, 1024} : std::vector<int>{1024, 8192, 32768};
   if (o.batches.empty()) o.batches = cpu ? std::vector<int>{1, 4} : std::vector<int>{1, 4, 16, 64};
 
+  // --profile-ops: every op synchronized and timed (see ProfilingBackend); the figures of such a
+  // run measure the profile, not the engine.
+  std::unique_ptr<ProfilingBackend> prof;
+  if (o.profile_ops) prof = std::make_unique<ProfilingBackend>(*be.backend);
+  Backend& backend = prof ? static_cast<Backend&>(*prof) : *be.backend;
   BenchReport rep;
   rep.device = describe_device(*be.backend, be.pool->size());
   std::fprintf(stderr, "probing %s ...\n", rep.device.c_str());
   rep.read_gbps = measure_read_bandwidth(*be.backend, *be.pool);
   rep.matmul_tflops = measure_bf16_matmul(*be.backend);
 
-  std::string dir = o.dir;
-  if (!o.preset.empty()) {
-    dir = prepare_dummy(o, find_preset(o.preset).spec);
-    rep.model = o.preset + " " + o.quant + " (dummy weights)";
-  } else {
-    rep.model = dir;
-  }
   auto t_load = Clock::now();
-  auto model = Model::load(dir, *be.backend);
+  std::unique_ptr<Model> model;
+  ModelOptions mo;
+  mo.record_decode = !o.no_graphs;
+  if (!o.preset.empty()) {
+    // Dummy weights are generated where they live (on the device for CUDA): no files.
+    SyntheticSpec spec = find_preset(o.preset).spec;
+    apply_quant(spec, o.quant);
+    rep.model = o.preset + " " + o.quant + " (dummy weights)";
+    std::fprintf(stderr, "generating %s (%.2f GB of weights) on %s ...\n", rep.model.c_str(),
+                 synthetic_weight_bytes(spec) / 1e9, be.backend->name().c_str());
+    model = Model::from_checkpoint(
+        std::make_unique<Checkpoint>(synthetic_checkpoint_in_memory(spec, o.preset)), backend, mo);
+    be.backend->synchronize();
+  } else {
+    rep.model = o.dir;
+    model = Model::load(o.dir, backend, mo);
+  }
   rep.load_seconds = std::chrono::duration<double>(Clock::now() - t_load).count();
   rep.weight_bytes_per_token = model->weights().weight_bytes;
   const int64_t V = model->config().vocab_size;
@@ -190,6 +188,11 @@ void bench_command(BenchOptions o) {
   rep.peak_host_bytes = static_cast<int64_t>(ru.ru_maxrss) * 1024;
   rep.cache_bytes = engine.stats().cache_bytes_total;
   print_report(rep);
+  const Model::RecordStats& rs = model->record_stats();
+  std::printf("  decode steps recorded (CUDA graphs): %lld recordings in %.3f s, %lld replays\n",
+              static_cast<long long>(rs.recordings), rs.seconds,
+              static_cast<long long>(rs.replays));
+  if (prof) std::printf("\nper-op device time (--profile-ops)\n%s", prof->report().c_str());
   write_report_json(rep, o.json_path);
   write_report_chart(rep, o.chart_path);
 }
@@ -202,6 +205,10 @@ void register_bench(CLI::App& app) {
   cmd->add_option("dir", opt->dir, "Model directory (or use --preset)");
   cmd->add_option("--preset", opt->preset, "qwen3.5-27b, qwen3.5-35b-a3b or cpu-120m");
   cmd->add_flag("--dummy-weights", opt->dummy, "Random weights at the preset's real shapes");
+  cmd->add_flag("--profile-ops", opt->profile_ops,
+                "Time every op (synchronizing after each) and print where the time goes");
+  cmd->add_flag("--no-graphs", opt->no_graphs,
+                "Launch every op of a decode step (no recorded CUDA graphs), for comparison");
   cmd->add_option("--quant", opt->quant, "bf16 or q<bits>g<group> for --preset")
       ->capture_default_str();
   cmd->add_option("--prompt-lengths", opt->prompts, "Prefill lengths (default by device)")
@@ -216,7 +223,6 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--json", opt->json_path, "JSON output file")->capture_default_str();
   cmd->add_option("--chart", opt->chart_path, "Chart output (SVG, via gnuplot)")
       ->capture_default_str();
-  cmd->add_option("--work-dir", opt->work_dir, "Where --dummy-weights writes its checkpoint");
   add_device_options(*cmd, opt->device);
   cmd->callback([opt] { bench_command(*opt); });
 }

@@ -93,9 +93,31 @@ class Backend {
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // backend to backend
   virtual void synchronize() = 0;
+  // Fills n elements of `dtype` at dst with seeded pseudo-random values: U32 gets uniformly random
+  // bits (any packed affine data), float types get a uniform distribution of standard deviation
+  // `stddev` around zero. Deterministic for a given seed. Used for dummy weights at real shapes.
+  virtual void fill_random(void* dst, DType dtype, int64_t n, float stddev, uint64_t seed) = 0;
+  // Reads every byte of [src, src + bytes) once (a read-bandwidth probe) and writes a value
+  // derived from them to `sink` (backend memory, 64 bytes) so the reads cannot be elided.
+  virtual void read_probe(const void* src, size_t bytes, void* sink) = 0;
   // Makes a host weight usable by ops. The CPU backend returns the same pointers (no copy);
   // devices copy (and may repack) into memory they own until the backend is destroyed.
   virtual Weight upload_weight(const Weight& host) = 0;
+
+  // ---- recorded op sequences (CUDA graphs) ----
+  // Devices that can record the ops issued between begin_recording() and end_recording() and
+  // replay them with one launch return true here. A replay runs the same ops with the same
+  // arguments; only the contents of the memory they point to may differ. Recording does not
+  // run the ops. Nothing else may use the backend while recording.
+  virtual bool can_record() const { return false; }
+  virtual void begin_recording() {}
+  // The id of the recorded sequence; `keep` false discards it (after a failed op) and returns -1.
+  virtual int64_t end_recording(bool keep) {
+    (void)keep;
+    return -1;
+  }
+  virtual void replay(int64_t id) { (void)id; }
+  virtual void forget_recording(int64_t id) { (void)id; }
 
   // ---- elementwise and normalisation ----
   // out[i, :] = table row ids[i] (dequantized), for i < n. `table` has rows = vocab.
@@ -107,6 +129,13 @@ class Backend {
   // Gated RMSNorm per head: out = w * rmsnorm(o) * silu(z); rows = tokens*heads of `dim`.
   virtual void rmsnorm_gated(const float* o, const float* z, const float* w, float* out,
                              int64_t rows, int dim, float eps) = 0;
+  // Residual add then norm, one pass: x += y; out = rmsnorm(x) * w (rows of `dim`). out must not
+  // alias x or y. The default composes add() and rmsnorm(); backends fuse it.
+  virtual void add_rmsnorm(float* x, const float* y, const float* w, float* out, int64_t rows,
+                           int dim, float eps) {
+    add(x, y, rows * dim);
+    rmsnorm(x, w, out, rows, dim, eps);
+  }
   // x = x / sqrt(sum(x^2) + eps) * scale over rows of `dim` (GDN q/k normalisation).
   virtual void l2norm(float* x, int64_t rows, int dim, float eps, float scale) = 0;
   // out[r, :cols] = src[r * src_stride + :cols] for r < rows (dst rows packed with dst_stride).
@@ -125,6 +154,14 @@ class Backend {
   // picks the matrix.
   virtual void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) = 0;
 
+  // Several linears of the same input in one call: outs[i][n, ws[i].rows] = x @ ws[i]^T for
+  // i < count (plain matrices). Decode runs one kernel over all of them instead of `count`.
+  // The default calls linear() for each.
+  virtual void linear_multi(const float* x, int64_t n, const Weight* const* ws, float* const* outs,
+                            int count) {
+    for (int i = 0; i < count; ++i) linear(x, n, *ws[i], outs[i]);
+  }
+
   // ---- attention ----
   // NeoX rotary embedding in place on the first rot_dim dims of each head:
   // x is [n_tokens, heads, row_stride...]: head h of token t starts at t*token_stride + h*head_dim.
@@ -134,6 +171,16 @@ class Backend {
   // token i goes to position positions[i] of its sequence (found through seqs.cu_seqlens).
   virtual void kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                          const float* k, const float* v) = 0;
+  // Attention may use a caller-provided workspace (backend memory) for split-context decoding.
+  // attention_workspace_floats says how much a call of this size wants (0: none);
+  // set_attention_workspace hands it over until the next call of it. A call whose workspace is
+  // missing or too small still computes the same result, by a slower path.
+  virtual size_t attention_workspace_floats(int n_tokens, int heads, int head_dim,
+                                            int context_capacity) const {
+    (void)n_tokens, (void)heads, (void)head_dim, (void)context_capacity;
+    return 0;
+  }
+  virtual void set_attention_workspace(float* p, size_t floats) { (void)p, (void)floats; }
   // Causal GQA attention of each new query row against its sequence's cached keys up to and
   // including its own position: q [n_tokens, heads, head_dim], out [n_tokens, heads, head_dim].
   virtual void attention(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,

@@ -190,7 +190,6 @@ Checkpoint Checkpoint::open(const std::string& dir_in) {
 }
 
 void Checkpoint::add_tensors(const SafetensorsFile& f) {
-  const std::string prefix = layout_prefix(layout_);
   for (const auto& t : f.tensors()) {
     if (is_vision(t.name)) {
       ++vision_count_;
@@ -203,34 +202,57 @@ void Checkpoint::add_tensors(const SafetensorsFile& f) {
     info.shape = t.shape;
     info.data = t.data;
     info.nbytes = t.nbytes();
-    if (starts_with(t.name, prefix)) {
-      info.canonical = t.name.substr(prefix.size());
-    } else if (starts_with(t.name, "language_model.lm_head.")) {
-      info.canonical = t.name.substr(std::string_view("language_model.").size());
-    } else if (layout_ == Layout::kMlx && starts_with(t.name, "language_model.mtp.")) {
-      info.canonical = t.name.substr(std::string_view("language_model.").size());
-    } else {
-      info.canonical = t.name;  // lm_head.*, mtp.* and unrecognised names
-    }
-    info.mtp = starts_with(info.canonical, "mtp.");
-    auto [it, inserted] = by_canonical_.emplace(info.canonical, tensors_.size());
-    if (!inserted) {
-      const TensorInfo& other = tensors_[it->second];
-      if (other.name == t.name) {
-        fail("{}: tensor '{}' appears in both {} and {}; one checkpoint holds each tensor once",
-             dir_, t.name, other.file, f.path());
-      }
-      fail("{}: tensors '{}' ({}) and '{}' ({}) are the same tensor under two names", dir_,
-           other.name, other.file, t.name, f.path());
-    }
-    if (info.mtp) {
-      ++mtp_count_;
-      mtp_bytes_ += static_cast<int64_t>(info.nbytes);
-    } else {
-      text_bytes_ += static_cast<int64_t>(info.nbytes);
-    }
-    tensors_.push_back(std::move(info));
+    add_tensor(std::move(info));
   }
+}
+
+void Checkpoint::add_tensor(TensorInfo info) {
+  const std::string prefix = layout_prefix(layout_);
+  const std::string& name = info.name;
+  if (starts_with(name, prefix)) {
+    info.canonical = name.substr(prefix.size());
+  } else if (starts_with(name, "language_model.lm_head.")) {
+    info.canonical = name.substr(std::string_view("language_model.").size());
+  } else if (layout_ == Layout::kMlx && starts_with(name, "language_model.mtp.")) {
+    info.canonical = name.substr(std::string_view("language_model.").size());
+  } else {
+    info.canonical = name;  // lm_head.*, mtp.* and unrecognised names
+  }
+  info.mtp = starts_with(info.canonical, "mtp.");
+  auto [it, inserted] = by_canonical_.emplace(info.canonical, tensors_.size());
+  if (!inserted) {
+    const TensorInfo& other = tensors_[it->second];
+    if (other.name == name) {
+      fail("{}: tensor '{}' appears in both {} and {}; one checkpoint holds each tensor once", dir_,
+           name, other.file, info.file);
+    }
+    fail("{}: tensors '{}' ({}) and '{}' ({}) are the same tensor under two names", dir_,
+         other.name, other.file, name, info.file);
+  }
+  if (info.mtp) {
+    ++mtp_count_;
+    mtp_bytes_ += static_cast<int64_t>(info.nbytes);
+  } else {
+    text_bytes_ += static_cast<int64_t>(info.nbytes);
+  }
+  tensors_.push_back(std::move(info));
+}
+
+Checkpoint Checkpoint::in_memory(const std::string& label, ModelConfig config, Layout layout,
+                                 bool norms_stored_plus_one, std::vector<TensorInfo> tensors,
+                                 std::vector<std::vector<uint8_t>> owned) {
+  Checkpoint c;
+  c.dir_ = label;
+  c.config_ = std::move(config);
+  c.layout_ = layout;
+  c.norms_plus_one_ = norms_stored_plus_one || layout == Layout::kMlx;
+  c.owned_ = std::move(owned);
+  for (TensorInfo& t : tensors) {
+    if (t.file.empty()) t.file = label;
+    c.add_tensor(std::move(t));
+  }
+  c.used_.assign(c.tensors_.size(), 0);
+  return c;
 }
 
 const TensorInfo* Checkpoint::find(const std::string& canonical) const {

@@ -30,7 +30,9 @@ struct TensorInfo {
   std::string file;  // path of the shard holding it
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
-  const uint8_t* data = nullptr;  // into the mapped shard; valid while the Checkpoint lives
+  // Into the mapped shard (or in-memory bytes); valid while the Checkpoint lives. nullptr only
+  // for a Checkpoint::in_memory tensor to be filled with random values.
+  const uint8_t* data = nullptr;
   size_t nbytes = 0;
   std::string canonical;  // name without the layout prefix
   bool mtp = false;       // part of the MTP module ("mtp.*")
@@ -44,6 +46,13 @@ class Checkpoint {
   // Throws tokenmill::Error: no config.json, unsupported config, no safetensors files, a corrupt
   // or truncated shard, an index naming a missing file or tensor, duplicate or mixed names.
   static Checkpoint open(const std::string& dir);
+
+  // A checkpoint built in memory (dummy weights for the benchmark): `tensors` are named as in
+  // `layout`'s files; their data point into `owned` (kept alive here) or are nullptr for
+  // tensors the loader fills with random values on the device (see WeightStore).
+  static Checkpoint in_memory(const std::string& label, ModelConfig config, Layout layout,
+                              bool norms_stored_plus_one, std::vector<TensorInfo> tensors,
+                              std::vector<std::vector<uint8_t>> owned);
 
   Checkpoint(Checkpoint&&) = default;
   Checkpoint& operator=(Checkpoint&&) = default;
@@ -83,6 +92,7 @@ class Checkpoint {
  private:
   Checkpoint() = default;
   void add_tensors(const SafetensorsFile& f);
+  void add_tensor(TensorInfo info);  // derives canonical name and MTP flag, indexes it
 
   std::string dir_;
   ModelConfig config_;
@@ -91,7 +101,8 @@ class Checkpoint {
   std::vector<SafetensorsFile> files_;
   std::vector<std::string> shard_paths_;
   std::vector<TensorInfo> tensors_;
-  std::vector<uint8_t> used_;  // parallel to tensors_
+  std::vector<std::vector<uint8_t>> owned_;  // bytes of in-memory tensors
+  std::vector<uint8_t> used_;                // parallel to tensors_
   std::unordered_map<std::string, size_t> by_canonical_;
   size_t mtp_count_ = 0, vision_count_ = 0;
   int64_t text_bytes_ = 0, mtp_bytes_ = 0;

@@ -3,6 +3,8 @@
 // per layer_types.
 #include "model/model.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "io/checkpoint.h"
@@ -42,6 +44,8 @@ struct Model::Scratch {
   float *ff_gate, *ff_up, *ff_act, *ff_out, *router, *topw, *moe_scratch, *sg;
   int32_t* topi;
   float *sel, *logits;
+  float* attn_ws;  // the backend's attention workspace (may be empty)
+  size_t attn_ws_floats = 0;
   // Index arrays in backend memory.
   int32_t *tokens, *positions, *cu_seqlens, *context_lens, *slots, *block_tables, *logit_rows;
   SeqLayout seqs;
@@ -49,7 +53,11 @@ struct Model::Scratch {
 };
 
 Model::Model(Backend& backend, std::unique_ptr<Checkpoint> ckpt, const ModelOptions& options)
-    : backend_(backend), dir_(ckpt->dir()), ckpt_(std::move(ckpt)), cfg_(ckpt_->config()) {
+    : backend_(backend),
+      dir_(ckpt->dir()),
+      ckpt_(std::move(ckpt)),
+      cfg_(ckpt_->config()),
+      options_(options) {
   store_ = std::make_unique<WeightStore>(backend_);
   w_ = bind_weights(*ckpt_, cfg_, *store_, options.load_mtp);
   for (LayerKind k : cfg_.layer_types) {
@@ -70,15 +78,33 @@ Model::Model(Backend& backend, std::unique_ptr<Checkpoint> ckpt, const ModelOpti
   s_ = std::make_unique<Scratch>(backend_);
 }
 
-Model::~Model() = default;
+Model::~Model() {
+  try {
+    forget_recordings();
+  } catch (...) {
+    // A failed device already reported its error; the destructor must not throw.
+  }
+}
+
+void Model::forget_recordings() {
+  for (const auto& r : recordings_) backend_.forget_recording(r.second);
+  recordings_.clear();
+}
 
 std::unique_ptr<Model> Model::load(const std::string& dir, Backend& backend,
                                    const ModelOptions& options) {
-  auto ckpt = std::make_unique<Checkpoint>(Checkpoint::open(dir));
+  return from_checkpoint(std::make_unique<Checkpoint>(Checkpoint::open(dir)), backend, options);
+}
+
+std::unique_ptr<Model> Model::from_checkpoint(std::unique_ptr<Checkpoint> ckpt, Backend& backend,
+                                              const ModelOptions& options) {
   return std::unique_ptr<Model>(new Model(backend, std::move(ckpt), options));
 }
 
-void Model::ensure_scratch(int T, int n_seqs, int R, int max_blocks) {
+bool Model::ensure_scratch(int T, int n_seqs, int R, int max_blocks, int block_size) {
+  bool moved = false;
+  const int64_t attn_ws_floats = static_cast<int64_t>(backend_.attention_workspace_floats(
+      T, cfg_.num_heads, cfg_.head_dim, max_blocks * block_size));
   const int64_t H = cfg_.hidden_size;
   const int64_t C = geo_.conv_channels;
   const int64_t HvDv = int64_t{geo_.v_heads} * geo_.v_dim;
@@ -125,10 +151,12 @@ void Model::ensure_scratch(int T, int n_seqs, int R, int max_blocks) {
       {&s.sg, T},
       {&s.sel, R * H},
       {&s.logits, R * V},
+      {&s.attn_ws, attn_ws_floats},
   };
   size_t need = 0;
   for (const Slot& sl : slots) need += (static_cast<size_t>(sl.n) * 4 + 255) / 256 * 256;
   if (need > s.arena_bytes) {
+    moved = true;
     if (s.arena) backend_.free(s.arena);
     s.arena = backend_.alloc(need);
     s.arena_bytes = need;
@@ -138,11 +166,13 @@ void Model::ensure_scratch(int T, int n_seqs, int R, int max_blocks) {
     *sl.p = reinterpret_cast<float*>(static_cast<uint8_t*>(s.arena) + off);
     off += (static_cast<size_t>(sl.n) * 4 + 255) / 256 * 256;
   }
+  s.attn_ws_floats = static_cast<size_t>(attn_ws_floats);
 
   size_t idx = static_cast<size_t>(T) * 2 + (n_seqs + 1) + n_seqs * 2 +
                static_cast<size_t>(n_seqs) * max_blocks + R;
   idx *= 4;
   if (idx > s.index_bytes) {
+    moved = true;
     if (s.index) backend_.free(s.index);
     s.index_bytes = std::max<size_t>(idx, 4096);
     s.index = backend_.alloc(s.index_bytes);
@@ -161,6 +191,7 @@ void Model::ensure_scratch(int T, int n_seqs, int R, int max_blocks) {
   s.block_tables = p;
   p += static_cast<size_t>(n_seqs) * max_blocks;
   s.logit_rows = p;
+  return moved;
 }
 
 namespace {
@@ -198,7 +229,26 @@ void Model::forward(const Batch& batch, const CacheViews& caches, std::vector<fl
   const int T = batch.n_tokens(), n = batch.n_seqs();
   const int R = static_cast<int>(batch.logit_rows.size());
   const int64_t H = cfg_.hidden_size;
-  ensure_scratch(T, n, R, std::max(1, batch.max_blocks_per_seq));
+  // Decode steps are recorded once per shape and replayed. The block-table width is rounded up
+  // to a power of two (padding with -1) so a growing context re-records only log2 times.
+  const bool record = options_.record_decode && backend_.can_record() && T == n && R == n &&
+                      hidden == nullptr && !batch.keep_step_states;
+  const std::vector<int32_t>* tables = &batch.block_tables;
+  int width = std::max(1, batch.max_blocks_per_seq);
+  if (record) {
+    int w = 16;
+    while (w < width) w *= 2;
+    padded_tables_.assign(static_cast<size_t>(n) * w, -1);
+    for (int i = 0; i < n; ++i) {
+      std::copy_n(batch.block_tables.begin() + static_cast<int64_t>(i) * batch.max_blocks_per_seq,
+                  batch.max_blocks_per_seq, padded_tables_.begin() + static_cast<int64_t>(i) * w);
+    }
+    tables = &padded_tables_;
+    width = w;
+  }
+  const int block_size = caches.kv.empty() ? 1 : caches.kv.front().block_size;
+  if (ensure_scratch(T, n, R, width, block_size)) forget_recordings();
+  backend_.set_attention_workspace(s_->attn_ws, s_->attn_ws_floats);
   Scratch& s = *s_;
   auto up = [&](int32_t* dst, const std::vector<int32_t>& v) {
     if (!v.empty()) backend_.upload(dst, v.data(), v.size() * 4);
@@ -208,7 +258,7 @@ void Model::forward(const Batch& batch, const CacheViews& caches, std::vector<fl
   up(s.cu_seqlens, batch.cu_seqlens);
   up(s.context_lens, batch.context_lens);
   up(s.slots, batch.state_slots);
-  up(s.block_tables, batch.block_tables);
+  up(s.block_tables, *tables);
   up(s.logit_rows, batch.logit_rows);
   s.seqs.n_seqs = n;
   s.seqs.n_tokens = T;
@@ -220,30 +270,42 @@ void Model::forward(const Batch& batch, const CacheViews& caches, std::vector<fl
         std::max(s.seqs.max_seq_tokens, batch.cu_seqlens[i + 1] - batch.cu_seqlens[i]);
   }
   s.paging.block_tables = s.block_tables;
-  s.paging.max_blocks_per_seq = batch.max_blocks_per_seq;
+  s.paging.max_blocks_per_seq = width;
   s.paging.context_lens = s.context_lens;
   s.paging.max_context_len = 0;
   for (int c : batch.context_lens) s.paging.max_context_len = std::max(s.paging.max_context_len, c);
 
-  const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  backend_.embed(w_.embed, s.tokens, T, s.x);
-  int kv_i = 0, gdn_i = 0;
-  for (const LayerWeights& L : w_.layers) {
-    backend_.rmsnorm(s.x, L.input_norm.data, s.h, T, static_cast<int>(H), eps);
-    if (L.kind == LayerKind::kFullAttention) {
-      attention_block(L, kv_i++, caches, T);
-    } else {
-      gdn_block(L, gdn_i++, caches, T, batch.keep_step_states);
+  if (record) {
+    // The recording bakes in every pointer: the cache views are part of its identity.
+    std::vector<uint64_t> key = {static_cast<uint64_t>(n), static_cast<uint64_t>(width)};
+    for (const KVLayerView& kv : caches.kv) key.push_back(reinterpret_cast<uintptr_t>(kv.k));
+    for (const GDNStateView& g : caches.gdn) key.push_back(reinterpret_cast<uintptr_t>(g.ssm));
+    int64_t id = -1;
+    for (const auto& [k, rid] : recordings_) {
+      if (k == key) id = rid;
     }
-    backend_.add(s.x, s.mix, T * H);
-    backend_.rmsnorm(s.x, L.post_norm.data, s.h, T, static_cast<int>(H), eps);
-    ffn_block(L.ffn, T);
-    backend_.add(s.x, s.ff_out, T * H);
+    if (id < 0) {
+      // max_context_len is only a hint that recorded kernels must not depend on.
+      const auto t0 = std::chrono::steady_clock::now();
+      backend_.begin_recording();
+      try {
+        run_layers(caches, T, R, false);
+      } catch (...) {
+        backend_.end_recording(false);
+        throw;
+      }
+      id = backend_.end_recording(true);
+      recordings_.emplace_back(std::move(key), id);
+      record_stats_.recordings++;
+      record_stats_.seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    backend_.replay(id);
+    record_stats_.replays++;
+  } else {
+    run_layers(caches, T, R, batch.keep_step_states);
   }
   if (R == 0) return;
-  backend_.gather_rows(s.x, static_cast<int>(H), s.logit_rows, R, s.sel);
-  backend_.rmsnorm(s.sel, w_.final_norm.data, s.sel, R, static_cast<int>(H), eps);
-  backend_.linear(s.sel, R, w_.lm_head, s.logits);
   logits->resize(static_cast<size_t>(R) * cfg_.vocab_size);
   backend_.download(logits->data(), s.logits, logits->size() * 4);
   if (hidden != nullptr) {
@@ -252,22 +314,52 @@ void Model::forward(const Batch& batch, const CacheViews& caches, std::vector<fl
   }
 }
 
+void Model::run_layers(const CacheViews& caches, int T, int R, bool keep_step_states) {
+  Scratch& s = *s_;
+  const int64_t H = cfg_.hidden_size;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  backend_.embed(w_.embed, s.tokens, T, s.x);
+  int kv_i = 0, gdn_i = 0;
+  // The residual add that ends each block is fused with the norm that starts the next one.
+  backend_.rmsnorm(s.x, w_.layers.front().input_norm.data, s.h, T, static_cast<int>(H), eps);
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const LayerWeights& L = w_.layers[l];
+    if (L.kind == LayerKind::kFullAttention) {
+      attention_block(L, kv_i++, caches, T);
+    } else {
+      gdn_block(L, gdn_i++, caches, T, keep_step_states);
+    }
+    backend_.add_rmsnorm(s.x, s.mix, L.post_norm.data, s.h, T, static_cast<int>(H), eps);
+    ffn_block(L.ffn, T);
+    if (l + 1 < w_.layers.size()) {
+      backend_.add_rmsnorm(s.x, s.ff_out, w_.layers[l + 1].input_norm.data, s.h, T,
+                           static_cast<int>(H), eps);
+    } else {
+      backend_.add(s.x, s.ff_out, T * H);
+    }
+  }
+  if (R == 0) return;
+  backend_.gather_rows(s.x, static_cast<int>(H), s.logit_rows, R, s.sel);
+  backend_.rmsnorm(s.sel, w_.final_norm.data, s.sel, R, static_cast<int>(H), eps);
+  backend_.linear(s.sel, R, w_.lm_head, s.logits);
+}
+
 void Model::attention_block(const LayerWeights& L, int kv_index, const CacheViews& caches, int T) {
   Scratch& s = *s_;
   const int Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const AttentionWeights& A = L.attn;
   const int64_t QD = int64_t{Hq} * D;
+  {
+    const Weight* ws[] = {&A.q_proj, &A.k_proj, &A.v_proj};
+    float* outs[] = {cfg_.attn_output_gate ? s.qg : s.q, s.k, s.v};
+    backend_.linear_multi(s.h, T, ws, outs, 3);
+  }
   if (cfg_.attn_output_gate) {
     // q_proj rows per head: [query (D) | gate (D)].
-    backend_.linear(s.h, T, A.q_proj, s.qg);
     backend_.copy_rows(s.qg, 2 * D, s.q, D, int64_t{T} * Hq, D);
     backend_.copy_rows(s.qg + D, 2 * D, s.gate, D, int64_t{T} * Hq, D);
-  } else {
-    backend_.linear(s.h, T, A.q_proj, s.q);
   }
-  backend_.linear(s.h, T, A.k_proj, s.k);
-  backend_.linear(s.h, T, A.v_proj, s.v);
   backend_.rmsnorm(s.q, A.q_norm.data, s.q, int64_t{T} * Hq, D, eps);
   backend_.rmsnorm(s.k, A.k_norm.data, s.k, int64_t{T} * Hkv, D, eps);
   const float theta = static_cast<float>(cfg_.rope_theta);
@@ -288,10 +380,11 @@ void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& ca
   const int Hk = geo_.k_heads, Hv = geo_.v_heads, Dk = geo_.k_dim, Dv = geo_.v_dim;
   const int C = geo_.conv_channels;
   const int64_t HkDk = int64_t{Hk} * Dk, HvDv = int64_t{Hv} * Dv;
-  backend_.linear(s.h, T, G.in_proj_qkv, s.qkv);
-  backend_.linear(s.h, T, G.in_proj_z, s.z);
-  backend_.linear(s.h, T, G.in_proj_b, s.b);
-  backend_.linear(s.h, T, G.in_proj_a, s.a);
+  {
+    const Weight* ws[] = {&G.in_proj_qkv, &G.in_proj_z, &G.in_proj_b, &G.in_proj_a};
+    float* outs[] = {s.qkv, s.z, s.b, s.a};
+    backend_.linear_multi(s.h, T, ws, outs, 4);
+  }
   const GDNStateView& st = caches.gdn[gdn_index];
   backend_.conv1d_silu(st, s.seqs, s.slots, s.qkv, G.conv.data, s.conv_out);
   // conv_out rows: [q (Hk*Dk) | k (Hk*Dk) | v (Hv*Dv)].
@@ -312,8 +405,9 @@ void Model::ffn_block(const FFNWeights& f, int T) {
   const int64_t H = cfg_.hidden_size;
   if (!f.moe) {
     const int64_t I = f.gate_proj.rows;
-    backend_.linear(s.h, T, f.gate_proj, s.ff_gate);
-    backend_.linear(s.h, T, f.up_proj, s.ff_up);
+    const Weight* ws[] = {&f.gate_proj, &f.up_proj};
+    float* outs[] = {s.ff_gate, s.ff_up};
+    backend_.linear_multi(s.h, T, ws, outs, 2);
     backend_.silu_mul(s.ff_gate, s.ff_up, s.ff_act, T * I);
     backend_.linear(s.ff_act, T, f.down_proj, s.ff_out);
     return;
@@ -325,11 +419,11 @@ void Model::ffn_block(const FFNWeights& f, int T) {
                s.moe_scratch);
   if (f.has_shared) {
     const int64_t I = f.gate_proj.rows;
-    backend_.linear(s.h, T, f.gate_proj, s.ff_gate);
-    backend_.linear(s.h, T, f.up_proj, s.ff_up);
+    const Weight* ws[] = {&f.gate_proj, &f.up_proj, &f.shared_gate};
+    float* outs[] = {s.ff_gate, s.ff_up, s.sg};
+    backend_.linear_multi(s.h, T, ws, outs, 3);
     backend_.silu_mul(s.ff_gate, s.ff_up, s.ff_act, T * I);
     backend_.linear(s.ff_act, T, f.down_proj, s.mix);
-    backend_.linear(s.h, T, f.shared_gate, s.sg);
     backend_.scale_rows_sigmoid(s.mix, s.sg, T, static_cast<int>(H));
     backend_.add(s.ff_out, s.mix, T * H);
   }

@@ -18,6 +18,9 @@ class Checkpoint;
 
 struct ModelOptions {
   bool load_mtp = true;  // bind mtp.* when the checkpoint has them
+  // Record decode steps (one token per sequence) once per batch shape and replay them (CUDA
+  // graphs) on backends that can: one launch per step instead of hundreds.
+  bool record_decode = true;
 };
 
 // Sizes the cache manager needs to allocate per-layer stores.
@@ -38,6 +41,9 @@ class Model {
   // Opens the directory, validates config and weights, and binds every tensor.
   static std::unique_ptr<Model> load(const std::string& dir, Backend& backend,
                                      const ModelOptions& options = {});
+  // A model over an already opened (or in-memory) checkpoint.
+  static std::unique_ptr<Model> from_checkpoint(std::unique_ptr<Checkpoint> ckpt, Backend& backend,
+                                                const ModelOptions& options = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -55,10 +61,21 @@ class Model {
   void forward(const Batch& batch, const CacheViews& caches, std::vector<float>* logits,
                std::vector<float>* hidden = nullptr);
 
+  // Decode-step recordings made (and the host time spent making them) and replays run.
+  struct RecordStats {
+    int64_t recordings = 0, replays = 0;
+    double seconds = 0;
+  };
+  const RecordStats& record_stats() const { return record_stats_; }
+
  private:
   Model(Backend& backend, std::unique_ptr<Checkpoint> ckpt, const ModelOptions& options);
   struct Scratch;
-  void ensure_scratch(int n_tokens, int n_seqs, int n_logit_rows, int max_blocks);
+  // Returns true when it had to move the scratch (recordings that point into it are stale).
+  bool ensure_scratch(int n_tokens, int n_seqs, int n_logit_rows, int max_blocks, int block_size);
+  // The op sequence of a forward over the uploaded batch (T tokens, R logit rows).
+  void run_layers(const CacheViews& caches, int T, int R, bool keep_step_states);
+  void forget_recordings();
   void attention_block(const LayerWeights& L, int kv_index, const CacheViews& caches, int T);
   void gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& caches, int T,
                  bool keep_step_states);
@@ -72,6 +89,11 @@ class Model {
   ModelWeights w_;
   CacheGeometry geo_;
   std::unique_ptr<Scratch> s_;
+  ModelOptions options_;
+  // Recorded decode steps by shape: (sequences, block-table width, cache identity) -> id.
+  std::vector<std::pair<std::vector<uint64_t>, int64_t>> recordings_;
+  std::vector<int32_t> padded_tables_;
+  RecordStats record_stats_;
 };
 
 }  // namespace tokenmill

@@ -10,6 +10,8 @@
 #include <random>
 #include <vector>
 
+#include "io/checkpoint.h"
+#include "io/model_config.h"
 #include "io/safetensors.h"
 #include "tensor/affine.h"
 #include "tensor/dtype.h"
@@ -22,7 +24,9 @@ namespace {
 // Collects tensors (owning their bytes) and writes them in one file.
 class TensorSink {
  public:
-  TensorSink(const SyntheticSpec& s, bool mlx) : spec_(s), mlx_(mlx), rng_(s.seed) {}
+  // `lazy`: linear weights are recorded without data (Checkpoint::in_memory fills them).
+  TensorSink(const SyntheticSpec& s, bool mlx, bool lazy = false)
+      : spec_(s), mlx_(mlx), lazy_(lazy), rng_(s.seed) {}
 
   std::string name(const std::string& canonical) const {
     if (canonical.rfind("mtp.", 0) == 0) return canonical;
@@ -60,10 +64,14 @@ class TensorSink {
       stddev = spec_.init_scale > 0 ? spec_.init_scale : 1.0f / std::sqrt(static_cast<float>(cols));
     int64_t mats = 1;
     for (int64_t d : lead) mats *= d;
-    std::vector<float> w = random(mats * rows * cols, stddev);
     int bits = bits_override >= 0 ? bits_override : spec_.bits;
     auto shape = lead;
     shape.push_back(rows);
+    if (lazy_) {
+      add_lazy(module, shape, cols, bits, bits_override > 0 ? 64 : spec_.group);
+      return;
+    }
+    std::vector<float> w = random(mats * rows * cols, stddev);
     if (bits == 0) {
       shape.push_back(cols);
       add_bf16(module + ".weight", shape, w);
@@ -95,6 +103,45 @@ class TensorSink {
     add_bf16(canonical, {n}, v);
   }
 
+  // Shapes and dtypes only (bf16, or U32 codes with bf16 scales and biases).
+  void add_lazy(const std::string& module, std::vector<int64_t> shape, int64_t cols, int bits,
+                int group) {
+    auto w = shape;
+    if (bits == 0) {
+      w.push_back(cols);
+      owned_.push_back({name(module + ".weight"), DType::BF16, w, {}, true});
+      return;
+    }
+    w.push_back(affine::words_per_row(cols, bits));
+    owned_.push_back({name(module + ".weight"), DType::U32, w, {}, true});
+    auto sb = shape;
+    sb.push_back(cols / group);
+    owned_.push_back({name(module + ".scales"), DType::BF16, sb, {}, true});
+    owned_.push_back({name(module + ".biases"), DType::BF16, sb, {}, true});
+  }
+
+  // Moves the tensors into an in-memory checkpoint (lazy ones without data).
+  Checkpoint to_checkpoint(const std::string& label, ModelConfig config) {
+    std::vector<TensorInfo> infos;
+    std::vector<std::vector<uint8_t>> bytes;
+    for (Owned& o : owned_) {
+      TensorInfo t;
+      t.name = o.name;
+      t.dtype = o.dtype;
+      t.shape = o.shape;
+      t.nbytes = static_cast<size_t>(t.numel()) * dtype_size(o.dtype);
+      if (!o.lazy) {
+        bytes.push_back(std::move(o.bytes));
+        t.data = bytes.back().data();  // stable: moving the outer vector keeps inner buffers
+      }
+      infos.push_back(std::move(t));
+    }
+    owned_.clear();
+    return Checkpoint::in_memory(label, std::move(config),
+                                 mlx_ ? Checkpoint::Layout::kMlx : Checkpoint::Layout::kHfVL, mlx_,
+                                 std::move(infos), std::move(bytes));
+  }
+
   void write(const std::string& path) {
     std::vector<TensorToWrite> t;
     for (const Owned& o : owned_)
@@ -115,9 +162,11 @@ class TensorSink {
     DType dtype;
     std::vector<int64_t> shape;
     std::vector<uint8_t> bytes;
+    bool lazy = false;
   };
   const SyntheticSpec& spec_;
   bool mlx_;
+  bool lazy_;
   std::mt19937_64 rng_;
   std::vector<Owned> owned_;
 };
@@ -258,13 +307,29 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticSpec& spe
   std::ofstream(dir + "/config.json") << config_json(spec, overrides8).dump(2) << "\n";
 }
 
+Checkpoint synthetic_checkpoint_in_memory(const SyntheticSpec& spec, const std::string& label) {
+  if (spec.bits > 0) {
+    affine::check_layout(spec.bits, spec.group, spec.hidden, "synthetic checkpoint");
+  }
+  const bool mlx = spec.bits > 0;
+  TensorSink sink(spec, mlx, /*lazy=*/true);
+  std::vector<std::string> overrides8;
+  fill(sink, spec, &overrides8);
+  ModelConfig cfg = parse_model_config(config_json(spec, overrides8), label);
+  return sink.to_checkpoint(label, std::move(cfg));
+}
+
 int64_t synthetic_weight_bytes(const SyntheticSpec& spec) {
   // Exact, by building the tensor list without writing it would cost the same memory; a
   // closed form keeps bench planning cheap.
-  auto lin = [&](int64_t rows, int64_t cols) {
-    if (spec.bits == 0) return rows * cols * 2;
-    return rows * cols * spec.bits / 8 + 2 * 2 * rows * (cols / spec.group);
+  auto lin = [&](int64_t rows, int64_t cols, int bits = -1, int group = 0) {
+    if (bits < 0) bits = spec.bits;
+    if (group == 0) group = spec.group;
+    if (bits == 0) return rows * cols * 2;
+    return rows * cols * bits / 8 + 2 * 2 * rows * (cols / group);
   };
+  // MoE router and shared-expert gate: 8-bit group 64 in quantized specs (as MLX does).
+  const int gate_bits = spec.bits ? 8 : 0;
   const int64_t H = spec.hidden;
   int64_t total = lin(spec.vocab, H) + (spec.tied ? 0 : lin(spec.vocab, H));
   for (int i = 0; i < spec.layers; ++i) {
@@ -279,7 +344,8 @@ int64_t synthetic_weight_bytes(const SyntheticSpec& spec) {
     }
     if (spec.moe) {
       total += spec.experts * 3 * lin(spec.moe_intermediate, H) +
-               3 * lin(spec.shared_intermediate, H) + lin(spec.experts, H) + lin(1, H);
+               3 * lin(spec.shared_intermediate, H) + lin(spec.experts, H, gate_bits, 64) +
+               lin(1, H, gate_bits, 64);
     } else {
       total += 3 * lin(spec.intermediate, H);
     }

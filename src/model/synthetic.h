@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "io/checkpoint.h"
+
 namespace tokenmill {
 
 struct SyntheticSpec {
@@ -30,6 +32,11 @@ struct SyntheticSpec {
 // Writes config.json and model.safetensors into `dir` (created if missing). MLX-quantized specs
 // use the MLX name layout (language_model.model.*) and its norm convention (1+w).
 void write_synthetic_checkpoint(const std::string& dir, const SyntheticSpec& spec);
+
+// The same model without files: linear weights (the bulk) have no host data and are filled with
+// seeded random values in backend memory when the model binds them (device-side generation, so
+// a 27B-shaped model is ready in seconds). Load it with Model::from_checkpoint.
+Checkpoint synthetic_checkpoint_in_memory(const SyntheticSpec& spec, const std::string& label);
 
 // Bytes of weights a synthetic checkpoint of this spec holds (for progress and planning).
 int64_t synthetic_weight_bytes(const SyntheticSpec& spec);

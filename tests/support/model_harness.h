@@ -13,6 +13,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cache/cache_manager.h"
+#include "io/checkpoint.h"
 #include "model/model.h"
 #include "util/thread_pool.h"
 
@@ -26,6 +27,14 @@ struct Harness {
 
   explicit Harness(const std::string& dir, int slots = 4, int64_t blocks = 256) {
     model = Model::load(dir, *backend);
+    make_cache(slots, blocks);
+  }
+  // A model over an in-memory checkpoint (e.g. synthetic_checkpoint_in_memory).
+  explicit Harness(std::unique_ptr<Checkpoint> ckpt, int slots = 4, int64_t blocks = 256) {
+    model = Model::from_checkpoint(std::move(ckpt), *backend);
+    make_cache(slots, blocks);
+  }
+  void make_cache(int slots, int64_t blocks) {
     CacheOptions o;
     o.block_size = 16;
     o.num_blocks = blocks;

@@ -47,6 +47,8 @@ class CpuBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes) override;
   void synchronize() override {}
   Weight upload_weight(const Weight& host) override;
+  void fill_random(void* dst, DType dtype, int64_t n, float stddev, uint64_t seed) override;
+  void read_probe(const void* src, size_t bytes, void* sink) override;
 
   void embed(const Weight& table, const int32_t* ids, int n, float* out) override;
   void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int dim,

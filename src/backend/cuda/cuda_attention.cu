@@ -116,10 +116,199 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   }
 }
 
+// ---- split-context decoding (few query rows, long contexts) ----
+// Grid (split, kv head, query row). A block takes the GQA group of one kv head (r query heads
+// share each K/V read) over a range of kSplitPositions positions; each warp scores a tile of 32
+// positions (lane = position) against the group's queries from shared memory, updates its
+// online softmax, then accumulates V rows (lane = 8 of the head dims). Warps merge in shared
+// memory and the block writes (m, l, acc) per head to the workspace; a second kernel combines
+// the splits of each (row, head).
+constexpr int kSplitPositions = 128;
+constexpr int kMaxGroup = 8;        // query heads per kv head
+constexpr int kSplitBudget = 2048;  // query rows x splits: bounds the workspace
+
+struct SplitArgs {
+  KVLayerView kv;
+  KVPaging pg;
+  SeqLayout seqs;
+  const float* q;
+  int heads;
+  float scale;
+  int splits;
+  float* ws;  // [n_tokens, heads, splits] x (D + 2): acc[D], m, l
+};
+
+template <int R>
+__global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitArgs a) {
+  constexpr int kDimsPerLane = 8;  // D <= 256: lane owns dims lane*4 + 128*i, i < D/128
+  __shared__ __align__(16) float qs[R][256];
+  __shared__ float ps[kAttnWarps][R][32];
+  __shared__ float wm[kAttnWarps][R], wl[kAttnWarps][R];
+  __shared__ float wacc[kAttnWarps][R][256];
+  const int sp = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int D = a.kv.head_dim, chunks = D / 128;
+  const int s = seq_of(a.seqs.cu_seqlens, a.seqs.n_seqs, t);
+  const int64_t pos = s < 0 ? -1 : a.seqs.positions[t];
+  const int64_t begin = static_cast<int64_t>(sp) * kSplitPositions;
+  const int64_t end = pos + 1 < begin + kSplitPositions ? pos + 1 : begin + kSplitPositions;
+  const bool valid = s >= 0 && pos >= 0 && pos < a.pg.context_lens[s];
+  for (int i = threadIdx.x; i < R * D; i += blockDim.x) {
+    const int h = i / D, d = i % D;
+    qs[h][d] = valid ? a.q[(static_cast<int64_t>(t) * a.heads + kvh * R + h) * D + d] : 0.0f;
+  }
+  __syncthreads();
+  const int64_t row = static_cast<int64_t>(a.kv.kv_heads) * D;
+  float m[R], l[R], acc[R][kDimsPerLane];
+#pragma unroll
+  for (int h = 0; h < R; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kDimsPerLane; ++i) acc[h][i] = 0.0f;
+  }
+  bool bad = !valid;
+  for (int64_t p0 = begin + warp * 32; valid && p0 < end; p0 += kAttnWarps * 32) {
+    const int64_t p = p0 + lane;
+    int64_t cp = -1;
+    float sc[R];
+    if (p < end) {
+      cp = cache_pos(a.pg.block_tables, a.pg.max_blocks_per_seq, a.kv.block_size, s, p);
+      if (cp < 0) bad = true;
+    }
+#pragma unroll
+    for (int h = 0; h < R; ++h) sc[h] = 0.0f;
+    if (cp >= 0) {
+      const float4* kp =
+          reinterpret_cast<const float4*>(a.kv.k + cp * row + static_cast<int64_t>(kvh) * D);
+      for (int c = 0; c < D / 4; ++c) {
+        const float4 kv4 = kp[c];
+#pragma unroll
+        for (int h = 0; h < R; ++h) {
+          const float4 q4 = reinterpret_cast<const float4*>(qs[h])[c];
+          sc[h] += q4.x * kv4.x + q4.y * kv4.y + q4.z * kv4.z + q4.w * kv4.w;
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < R; ++h) {
+      const float x = cp >= 0 ? sc[h] * a.scale : -INFINITY;
+      const float mn = fmaxf(m[h], warp_max(x));  // finite: lane 0's position is in range
+      const float c = expf(m[h] - mn);
+      const float e = cp >= 0 ? expf(x - mn) : 0.0f;
+      l[h] = l[h] * c + warp_sum(e);
+#pragma unroll
+      for (int i = 0; i < kDimsPerLane; ++i) acc[h][i] *= c;
+      m[h] = mn;
+      ps[warp][h][lane] = e;
+    }
+    __syncwarp();
+    const int n_here = static_cast<int>(end - p0 < 32 ? end - p0 : 32);
+    for (int j = 0; j < n_here; ++j) {
+      const long long cpj = __shfl_sync(0xffffffffu, static_cast<long long>(cp), j);
+      if (cpj < 0) continue;
+      const float* vp = a.kv.v + cpj * row + static_cast<int64_t>(kvh) * D;
+#pragma unroll
+      for (int c = 0; c < kDimsPerLane / 4; ++c) {
+        if (c >= chunks) break;
+        const float4 v4 = *reinterpret_cast<const float4*>(vp + c * 128 + lane * 4);
+#pragma unroll
+        for (int h = 0; h < R; ++h) {
+          const float w = ps[warp][h][j];
+          acc[h][4 * c] += w * v4.x;
+          acc[h][4 * c + 1] += w * v4.y;
+          acc[h][4 * c + 2] += w * v4.z;
+          acc[h][4 * c + 3] += w * v4.w;
+        }
+      }
+    }
+    __syncwarp();
+  }
+  bad = __any_sync(0xffffffffu, bad);
+#pragma unroll
+  for (int h = 0; h < R; ++h) {
+    if (lane == 0) {
+      wm[warp][h] = bad ? NAN : m[h];
+      wl[warp][h] = l[h];
+    }
+#pragma unroll
+    for (int c = 0; c < kDimsPerLane / 4; ++c) {
+      if (c >= chunks) break;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) wacc[warp][h][c * 128 + lane * 4 + u] = acc[h][4 * c + u];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < R * (D + 2); i += blockDim.x) {
+    const int h = i / (D + 2), d = i % (D + 2);
+    float mt = -INFINITY;
+    for (int w = 0; w < kAttnWarps; ++w) mt = fmaxf(mt, wm[w][h]);
+    float v = 0.0f;
+    if (d == D) {
+      v = mt;
+    } else {
+      for (int w = 0; w < kAttnWarps; ++w) {
+        if (wl[w][h] > 0.0f) {
+          const float f = expf(wm[w][h] - mt);
+          v += (d < D ? wacc[w][h][d] : wl[w][h]) * f;
+        } else if (wm[w][h] != wm[w][h]) {
+          v = NAN;
+        }
+      }
+    }
+    if (!valid) v = NAN;
+    const int64_t slot = (static_cast<int64_t>(t) * a.heads + kvh * R + h) * a.splits + sp;
+    a.ws[slot * (D + 2) + d] = v;
+  }
+}
+
+// out[t, h, :] = sum over splits of acc * exp(m - M) / sum of l * exp(m - M).
+__global__ void attention_combine_kernel(const float* __restrict__ ws, int splits, int D,
+                                         float* __restrict__ out) {
+  const int64_t th = blockIdx.x;  // t * heads + h
+  const float* base = ws + th * splits * (D + 2);
+  float mt = -INFINITY;
+  bool nan = false;
+  for (int sp = 0; sp < splits; ++sp) {
+    const float m = base[sp * (D + 2) + D];
+    if (m != m) nan = true;
+    mt = fmaxf(mt, m);
+  }
+  float lt = 0.0f;
+  for (int sp = 0; sp < splits; ++sp) {
+    const float* p = base + sp * (D + 2);
+    if (p[D + 1] > 0.0f) lt += p[D + 1] * expf(p[D] - mt);
+  }
+  const float inv = nan ? NAN : 1.0f / lt;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = 0.0f;
+    for (int sp = 0; sp < splits; ++sp) {
+      const float* p = base + sp * (D + 2);
+      if (p[D + 1] > 0.0f) v += p[d] * expf(p[D] - mt);
+    }
+    out[th * D + d] = v * inv;
+  }
+}
+
+// Splits for a context capacity (the block-table width in positions): fixed for a recorded
+// decode step, whatever the sequences' current lengths.
+int split_count(int context_capacity) {
+  const int splits = (context_capacity + kSplitPositions - 1) / kSplitPositions;
+  return splits < 1 ? 1 : splits;
+}
+
 }  // namespace
 }  // namespace tokenmill::cuda
 
 namespace tokenmill {
+
+size_t CudaBackend::attention_workspace_floats(int n_tokens, int heads, int head_dim,
+                                               int context_capacity) const {
+  if (n_tokens <= 0 || n_tokens > 64 || head_dim % 128 != 0 || head_dim > 256) return 0;
+  const int splits = cuda::split_count(context_capacity);
+  if (static_cast<int64_t>(splits) * n_tokens > cuda::kSplitBudget) return 0;
+  return static_cast<size_t>(n_tokens) * heads * splits * (head_dim + 2);
+}
 
 void CudaBackend::kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                             const float* k, const float* v) {
@@ -139,6 +328,48 @@ void CudaBackend::attention(const KVLayerView& kv, const KVPaging& paging, const
                   "attention: head_dim must be in 1..256");
   TM_CUDA_REQUIRE(heads <= 65535, "attention: too many heads");
   if (seqs.n_tokens <= 0) return;
+  // Few query rows: split the context so all multiprocessors share the K/V reads.
+  const int r = heads / kv.kv_heads;
+  const int capacity = paging.max_blocks_per_seq * kv.block_size;
+  const size_t need = attention_workspace_floats(seqs.n_tokens, heads, kv.head_dim, capacity);
+  if (need > 0 && need <= attn_ws_floats_ && attn_ws_ != nullptr && r <= cuda::kMaxGroup) {
+    cuda::SplitArgs a{kv, paging, seqs, q, heads, scale, cuda::split_count(capacity), attn_ws_};
+    const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(kv.kv_heads),
+                    static_cast<unsigned>(seqs.n_tokens));
+    const int threads = cuda::kAttnWarps * 32;
+    switch (r) {
+      case 1:
+        cuda::attention_split_kernel<1><<<grid, threads, 0, stream_>>>(a);
+        break;
+      case 2:
+        cuda::attention_split_kernel<2><<<grid, threads, 0, stream_>>>(a);
+        break;
+      case 3:
+        cuda::attention_split_kernel<3><<<grid, threads, 0, stream_>>>(a);
+        break;
+      case 4:
+        cuda::attention_split_kernel<4><<<grid, threads, 0, stream_>>>(a);
+        break;
+      case 5:
+        cuda::attention_split_kernel<5><<<grid, threads, 0, stream_>>>(a);
+        break;
+      case 6:
+        cuda::attention_split_kernel<6><<<grid, threads, 0, stream_>>>(a);
+        break;
+      case 7:
+        cuda::attention_split_kernel<7><<<grid, threads, 0, stream_>>>(a);
+        break;
+      default:
+        cuda::attention_split_kernel<8><<<grid, threads, 0, stream_>>>(a);
+        break;
+    }
+    TM_CUDA_LAUNCHED();
+    cuda::
+        attention_combine_kernel<<<static_cast<unsigned>(seqs.n_tokens * heads), 128, 0, stream_>>>(
+            attn_ws_, a.splits, kv.head_dim, out);
+    TM_CUDA_LAUNCHED();
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(seqs.n_tokens), static_cast<unsigned>(heads));
   cuda::attention_kernel<<<grid, cuda::kAttnWarps * 32, 0, stream_>>>(kv, paging, seqs, q, heads,
                                                                       scale, out);

@@ -44,6 +44,9 @@ CudaBackend::~CudaBackend() {
   // Errors are ignored here: a destructor must not throw, and a failed device has already
   // reported its error through the op that hit it.
   cudaStreamSynchronize(stream_);
+  for (void* g : graphs_) {
+    if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
+  }
   for (void* p : owned_) cudaFree(p);
   cudaStreamDestroy(stream_);
 }
@@ -120,6 +123,44 @@ Weight CudaBackend::upload_weight(const Weight& host) {
     d.biases = put(host.biases, sb_bytes);
   }
   return d;
+}
+
+}  // namespace tokenmill
+
+namespace tokenmill {
+
+void CudaBackend::begin_recording() {
+  TM_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+}
+
+int64_t CudaBackend::end_recording(bool keep) {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+  if (!keep || err != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    if (keep) TM_CUDA(err);
+    return -1;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t ierr = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  TM_CUDA(ierr);
+  graphs_.push_back(exec);
+  return static_cast<int64_t>(graphs_.size()) - 1;
+}
+
+void CudaBackend::replay(int64_t id) {
+  TM_CUDA_REQUIRE(id >= 0 && id < static_cast<int64_t>(graphs_.size()) && graphs_[id] != nullptr,
+                  "replay of an unknown recording");
+  TM_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graphs_[id]), stream_));
+}
+
+void CudaBackend::forget_recording(int64_t id) {
+  if (id < 0 || id >= static_cast<int64_t>(graphs_.size()) || graphs_[id] == nullptr) return;
+  TM_CUDA(cudaStreamSynchronize(stream_));  // it may still be running
+  TM_CUDA(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graphs_[id])));
+  graphs_[id] = nullptr;
 }
 
 }  // namespace tokenmill

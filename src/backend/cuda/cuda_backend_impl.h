@@ -1,7 +1,8 @@
 // Internal to backend/cuda: the CudaBackend class. Plain C++ (no CUDA headers: the stream is
 // held through the runtime's opaque struct type) so both the .cpp and the .cu files include it.
-// Op implementations are split by topic: cuda_backend.cpp (memory, weights), cuda_linear.cu,
-// cuda_attention.cu, cuda_gdn.cu, cuda_elementwise.cu, cuda_moe.cu.
+// Op implementations are split by topic: cuda_backend.cpp (memory, weights), cuda_fill.cu
+// (random fill, read probe), cuda_linear.cu (generic GEMV, GEMM, embed), cuda_gemv.cu (fast
+// decode GEMV), cuda_attention.cu, cuda_gdn.cu, cuda_elementwise.cu, cuda_moe.cu.
 #pragma once
 
 #include <cstdint>
@@ -34,10 +35,19 @@ class CudaBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
   Weight upload_weight(const Weight& host) override;
+  bool can_record() const override { return true; }
+  void begin_recording() override;
+  int64_t end_recording(bool keep) override;
+  void replay(int64_t id) override;
+  void forget_recording(int64_t id) override;
+  void fill_random(void* dst, DType dtype, int64_t n, float stddev, uint64_t seed) override;
+  void read_probe(const void* src, size_t bytes, void* sink) override;
 
   void embed(const Weight& table, const int32_t* ids, int n, float* out) override;
   void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int dim,
                float eps) override;
+  void add_rmsnorm(float* x, const float* y, const float* w, float* out, int64_t rows, int dim,
+                   float eps) override;
   void rmsnorm_gated(const float* o, const float* z, const float* w, float* out, int64_t rows,
                      int dim, float eps) override;
   void l2norm(float* x, int64_t rows, int dim, float eps, float scale) override;
@@ -50,11 +60,19 @@ class CudaBackend final : public Backend {
   void scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) override;
 
   void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) override;
+  void linear_multi(const float* x, int64_t n, const Weight* const* ws, float* const* outs,
+                    int count) override;
 
   void rope(float* x, const int32_t* positions, int n_tokens, int heads, int head_dim,
             int64_t token_stride, int rot_dim, float theta) override;
   void kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                  const float* k, const float* v) override;
+  size_t attention_workspace_floats(int n_tokens, int heads, int head_dim,
+                                    int context_capacity) const override;
+  void set_attention_workspace(float* p, size_t floats) override {
+    attn_ws_ = p;
+    attn_ws_floats_ = floats;
+  }
   void attention(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                  const float* q, int heads, float scale, float* out) override;
 
@@ -78,7 +96,11 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   std::string device_name_;
   CUstream_st* stream_ = nullptr;
-  std::vector<void*> owned_;  // weight copies made by upload_weight, freed in the destructor
+  std::vector<void*> owned_;
+  std::vector<void*> graphs_;
+  float* attn_ws_ = nullptr;   // split-context attention partials (set_attention_workspace)
+  size_t attn_ws_floats_ = 0;  // cudaGraphExec_t of recorded sequences, by id  // weight copies
+                               // made by upload_weight, freed in the destructor
 };
 
 }  // namespace tokenmill

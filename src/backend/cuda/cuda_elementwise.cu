@@ -29,6 +29,25 @@ __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, floa
   for (int j = threadIdx.x; j < dim; j += blockDim.x) o[j] = xr[j] * inv * w[j];
 }
 
+// x += y, then out = rmsnorm(x) * w; each thread re-reads only the x elements it wrote.
+__global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ y,
+                                   const float* __restrict__ w, float* __restrict__ out, int dim,
+                                   float eps) {
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x;
+  float* xr = x + r * dim;
+  const float* yr = y + r * dim;
+  float ss = 0.0f;
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+    const float v = xr[j] + yr[j];
+    xr[j] = v;
+    ss += v * v;
+  }
+  const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(dim) + eps);
+  float* o = out + r * dim;
+  for (int j = threadIdx.x; j < dim; j += blockDim.x) o[j] = xr[j] * inv * w[j];
+}
+
 __global__ void rmsnorm_gated_kernel(const float* __restrict__ o, const float* __restrict__ z,
                                      const float* __restrict__ w, float* out, int dim, float eps) {
   __shared__ float red[32];
@@ -170,6 +189,14 @@ void CudaBackend::rmsnorm(const float* x, const float* w, float* out, int64_t ro
   if (rows <= 0) return;
   cuda::rmsnorm_kernel<<<static_cast<unsigned>(rows), cuda::row_threads(dim), 0, stream_>>>(
       x, w, out, dim, eps);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::add_rmsnorm(float* x, const float* y, const float* w, float* out, int64_t rows,
+                              int dim, float eps) {
+  if (rows <= 0) return;
+  cuda::add_rmsnorm_kernel<<<static_cast<unsigned>(rows), cuda::row_threads(dim), 0, stream_>>>(
+      x, y, w, out, dim, eps);
   TM_CUDA_LAUNCHED();
 }
 

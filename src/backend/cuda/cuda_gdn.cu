@@ -4,8 +4,9 @@
 // The delta rule decomposes over value columns: with S [Dk, Dv], column d evolves as
 //   S[:,d] = a S[:,d];  kS = k . S[:,d];  delta = beta (v_d - kS);  S[:,d] += k delta;
 //   o_d = q . S[:,d]
-// so one thread owns one column (in registers when Dk <= 128, else in the state memory) and
-// the block of a (sequence, value head) shares only q_t and k_t through shared memory. The
+// so a column is owned by kParts threads (in registers when Dk <= 128; else one thread per
+// column in the state memory) and the block of a (sequence, value head) shares only q_t and k_t
+// through shared memory. The
 // operation order per column is the CPU reference's recurrent form.
 #include <cuda_runtime.h>
 
@@ -128,6 +129,81 @@ __global__ void delta_rule_kernel(DeltaArgs A) {
   }
 }
 
+// Register form for Dk <= 128: kParts threads share a column (thread d*kParts + p holds rows
+// i = p*Dk/kParts ... of column d), so a column costs Dk/kParts registers and the kS and o dot
+// products finish with two shuffles. Same operation order per row as the CPU reference; the
+// sums are split in kParts partial sums.
+constexpr int kParts = 4;
+constexpr int kRowsPerPart = kRegDk / kParts;
+
+constexpr int kPartsMaxThreads = 512;  // Dv <= 128
+
+__global__ void __launch_bounds__(kPartsMaxThreads) delta_rule_parts_kernel(DeltaArgs A) {
+  extern __shared__ float sh[];  // q_t [Dk], k_t [Dk]
+  const int s = blockIdx.x, h = blockIdx.y;
+  const int d = threadIdx.x / kParts, part = threadIdx.x % kParts;
+  const int Hv = A.st.v_heads, Hk = A.st.k_heads, Dk = A.st.k_dim, Dv = A.st.v_dim;
+  const int kh = h / (Hv / Hk);
+  const int64_t state_size = static_cast<int64_t>(Dk) * Dv;
+  float* S = A.st.ssm + (static_cast<int64_t>(A.slots[s]) * Hv + h) * state_size;
+  float* qs = sh;
+  float* ks = sh + Dk;
+  const bool active = d < Dv;
+  const int rows = (Dk + kParts - 1) / kParts, i0 = part * rows;
+  float col[kRowsPerPart];
+#pragma unroll
+  for (int j = 0; j < kRowsPerPart; ++j) {
+    const int i = i0 + j;
+    col[j] = active && j < rows && i < Dk ? S[static_cast<int64_t>(i) * Dv + d] : 0.0f;
+  }
+  const int64_t t0 = A.seqs.cu_seqlens[s], t1 = A.seqs.cu_seqlens[s + 1];
+  const int64_t qk_stride = static_cast<int64_t>(Hk) * Dk, v_stride = static_cast<int64_t>(Hv) * Dv;
+  for (int64_t t = t0; t < t1; ++t) {
+    __syncthreads();  // previous token's q/k fully consumed
+    for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
+      qs[i] = A.q[t * qk_stride + static_cast<int64_t>(kh) * Dk + i];
+      ks[i] = A.k[t * qk_stride + static_cast<int64_t>(kh) * Dk + i];
+    }
+    __syncthreads();
+    const float a = expf(A.g[t * Hv + h]), bt = A.beta[t * Hv + h];
+    const float vt = active ? A.v[t * v_stride + static_cast<int64_t>(h) * Dv + d] : 0.0f;
+    float kS = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kRowsPerPart; ++j) {
+      const int i = i0 + j;
+      if (j < rows && i < Dk) {
+        col[j] *= a;
+        kS += ks[i] * col[j];
+      }
+    }
+    // The parts of a column are adjacent lanes: all lanes take part in the shuffles.
+    kS += __shfl_xor_sync(0xffffffffu, kS, 1);
+    kS += __shfl_xor_sync(0xffffffffu, kS, 2);
+    const float delta = bt * (vt - kS);
+    float o = 0.0f;
+    float* step = A.steps ? A.steps + (t * Hv + h) * state_size : nullptr;
+#pragma unroll
+    for (int j = 0; j < kRowsPerPart; ++j) {
+      const int i = i0 + j;
+      if (j < rows && i < Dk) {
+        col[j] += ks[i] * delta;
+        o += qs[i] * col[j];
+        if (step && active) step[static_cast<int64_t>(i) * Dv + d] = col[j];
+      }
+    }
+    o += __shfl_xor_sync(0xffffffffu, o, 1);
+    o += __shfl_xor_sync(0xffffffffu, o, 2);
+    if (active && part == 0) A.out[t * v_stride + static_cast<int64_t>(h) * Dv + d] = o;
+  }
+  if (active) {
+#pragma unroll
+    for (int j = 0; j < kRowsPerPart; ++j) {
+      const int i = i0 + j;
+      if (j < rows && i < Dk) S[static_cast<int64_t>(i) * Dv + d] = col[j];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tokenmill::cuda
 
@@ -158,7 +234,10 @@ void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs
   const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(st.v_heads));
   const int threads = (st.v_dim + 31) / 32 * 32;
   const size_t smem = static_cast<size_t>(2 * st.k_dim) * sizeof(float);
-  if (st.k_dim <= cuda::kRegDk) {
+  if (st.k_dim <= cuda::kRegDk && st.v_dim * cuda::kParts <= cuda::kPartsMaxThreads) {
+    const int pthreads = (st.v_dim * cuda::kParts + 31) / 32 * 32;
+    cuda::delta_rule_parts_kernel<<<grid, pthreads, smem, stream_>>>(a);
+  } else if (st.k_dim <= cuda::kRegDk) {
     cuda::delta_rule_kernel<true><<<grid, threads, smem, stream_>>>(a);
   } else {
     cuda::delta_rule_kernel<false><<<grid, threads, smem, stream_>>>(a);

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemv.h"
 #include "tensor/affine.h"
 
 namespace tokenmill::cuda {
@@ -240,6 +241,15 @@ void CudaBackend::linear(const float* x, int64_t n, const Weight& w, float* out,
   const DevMat m = cuda::make_devmat(w, expert);
   const int64_t ldx = m.cols, ldo = m.rows;
   if (n <= kGemvMaxRows) {
+    if (const cuda::GemvKind kind = cuda::fast_gemv_kind(m);
+        kind != cuda::GemvKind::kNone && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+      cuda::GemvJobs jobs;
+      jobs.m[0] = m;
+      jobs.out[0] = out;
+      jobs.count = 1;
+      cuda::launch_gemv_fast(stream_, kind, jobs, x, ldx, static_cast<int>(n));
+      return;
+    }
     const unsigned grid = cuda::blocks_for(m.rows, cuda::kGemvWarps);
     const int threads = cuda::kGemvWarps * 32;
     const int ni = static_cast<int>(n);
@@ -257,6 +267,33 @@ void CudaBackend::linear(const float* x, int64_t n, const Weight& w, float* out,
   const dim3 grid(cuda::blocks_for(m.rows, cuda::kBN), cuda::blocks_for(n, cuda::kBM));
   cuda::gemm_kernel<<<grid, 256, 0, stream_>>>(m, x, ldx, n, out, ldo);
   TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::linear_multi(const float* x, int64_t n, const Weight* const* ws,
+                               float* const* outs, int count) {
+  if (n <= 0 || count <= 0) return;
+  // One launch when every matrix has the same fast kernel and the same input width.
+  bool fused =
+      n <= kGemvMaxRows && count <= cuda::kMaxGemvJobs && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  cuda::GemvJobs jobs;
+  cuda::GemvKind kind = cuda::GemvKind::kNone;
+  for (int i = 0; i < count && fused; ++i) {
+    const DevMat m = cuda::make_devmat(*ws[i], 0);
+    const cuda::GemvKind k = cuda::fast_gemv_kind(m);
+    if (k == cuda::GemvKind::kNone || (i > 0 && (k != kind || m.cols != jobs.m[0].cols))) {
+      fused = false;
+      break;
+    }
+    kind = k;
+    jobs.m[i] = m;
+    jobs.out[i] = outs[i];
+    jobs.count = i + 1;
+  }
+  if (!fused) {
+    for (int i = 0; i < count; ++i) linear(x, n, *ws[i], outs[i]);
+    return;
+  }
+  cuda::launch_gemv_fast(stream_, kind, jobs, x, jobs.m[0].cols, static_cast<int>(n));
 }
 
 // Token ids are validated by the model before the forward; on the device an id outside the

@@ -64,11 +64,24 @@ TEST_F(CudaAttention, PagedCausalGqaTwoSteps) {
       dpg.context_lens = up(ctx);
       KVLayerView dkv{dk, dv, block_size, kv_heads, D};
       gpu->kv_append(dkv, dpg, dseqs, up(k), up(v));
+      float* dq = up(q);
       float* dout = poisoned(want.size());
-      gpu->attention(dkv, dpg, dseqs, up(q), heads, scale, dout);
+      gpu->set_attention_workspace(nullptr, 0);  // the one-pass kernel
+      gpu->attention(dkv, dpg, dseqs, dq, heads, scale, dout);
       EXPECT_EQ(down(dk, cache_n), kc) << "k cache after append, D=" << D;
       EXPECT_EQ(down(dv, cache_n), vc) << "v cache after append, D=" << D;
       expect_close(down(dout, want.size()), want, 1e-5, "attention D=" + std::to_string(D));
+      // With a workspace, few query rows and head_dim a multiple of 128: split-context decoding.
+      const size_t ws = gpu->attention_workspace_floats(T, heads, D, max_blocks * block_size);
+      EXPECT_EQ(ws > 0, D % 128 == 0) << "D=" << D;
+      if (ws > 0) {
+        gpu->set_attention_workspace(poisoned(ws), ws);
+        float* dsplit = poisoned(want.size());
+        gpu->attention(dkv, dpg, dseqs, dq, heads, scale, dsplit);
+        expect_close(down(dsplit, want.size()), want, 1e-5,
+                     "split attention D=" + std::to_string(D));
+        gpu->set_attention_workspace(nullptr, 0);
+      }
       for (int s = 0; s < S; ++s) prev[s] += add[s];
     }
   }

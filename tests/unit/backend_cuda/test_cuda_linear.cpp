@@ -138,6 +138,79 @@ TEST_F(CudaLinear, LargeShapes) {
   check(fw, {4, 129}, 0, "bf16 515x768");
 }
 
+// linear_multi runs matrices of one fast format in one launch and falls back to separate
+// linears otherwise; both must equal the CPU's separate linears. Row counts that are not a
+// multiple of the per-warp rows (37, 5, 1) exercise the tails.
+TEST_F(CudaLinear, MultiMatchesSeparateLinears) {
+  Rng rng(6);
+  std::vector<std::vector<HostWeight>> sets;
+  sets.push_back({affine_weight(rng, 4, 64, DType::BF16, 37, 256, 0),
+                  affine_weight(rng, 4, 64, DType::BF16, 200, 256, 0),
+                  affine_weight(rng, 4, 64, DType::BF16, 5, 256, 0),
+                  affine_weight(rng, 4, 64, DType::BF16, 1, 256, 0)});
+  sets.push_back(
+      {float_weight(rng, DType::BF16, 37, 256, 0), float_weight(rng, DType::BF16, 64, 256, 0)});
+  sets.push_back({affine_weight(rng, 8, 32, DType::F16, 33, 256, 0),
+                  affine_weight(rng, 8, 32, DType::F16, 3, 256, 0)});
+  // Mixed formats: the fallback path.
+  sets.push_back({affine_weight(rng, 4, 64, DType::BF16, 20, 256, 0),
+                  affine_weight(rng, 8, 64, DType::BF16, 4, 256, 0),
+                  float_weight(rng, DType::BF16, 9, 256, 0)});
+  for (size_t si = 0; si < sets.size(); ++si) {
+    auto& set = sets[si];
+    for (HostWeight& hw : set) {  // the copies into `sets` must point at their own bytes
+      hw.w.data = hw.data.data();
+      if (hw.w.quantized()) {
+        hw.w.scales = hw.scales.data();
+        hw.w.biases = hw.biases.data();
+      }
+    }
+    std::vector<Weight> dws;
+    for (const HostWeight& hw : set) dws.push_back(gpu->upload_weight(hw.w));
+    for (int64_t n : {1, 3, 16, 40}) {
+      std::vector<float> x = rng.normals(static_cast<size_t>(n * 256));
+      float* dx = up(x);
+      std::vector<const Weight*> ws;
+      std::vector<float*> outs;
+      for (size_t i = 0; i < set.size(); ++i) {
+        ws.push_back(&dws[i]);
+        outs.push_back(poisoned(static_cast<size_t>(n * set[i].w.rows)));
+      }
+      gpu->linear_multi(dx, n, ws.data(), outs.data(), static_cast<int>(set.size()));
+      // Compared as one vector per set: a lone near-zero dot of a 1-row matrix has no scale of
+      // its own to be relative to.
+      std::vector<float> got_all, want_all;
+      for (size_t i = 0; i < set.size(); ++i) {
+        std::vector<float> want(static_cast<size_t>(n * set[i].w.rows));
+        cpu->linear(x.data(), n, set[i].w, want.data());
+        std::vector<float> got = down(outs[i], want.size());
+        got_all.insert(got_all.end(), got.begin(), got.end());
+        want_all.insert(want_all.end(), want.begin(), want.end());
+      }
+      expect_close(got_all, want_all, kTol,
+                   "set " + std::to_string(si) + " n=" + std::to_string(n));
+    }
+  }
+}
+
+// Dummy weights are the same on every backend: the values are a function of (seed, index).
+TEST_F(CudaLinear, FillRandomMatchesCpu) {
+  const int64_t n = 5000;
+  for (DType t : {DType::U32, DType::F32, DType::BF16}) {
+    const size_t bytes = static_cast<size_t>(n) * dtype_size(t);
+    std::vector<uint8_t> want(bytes);
+    cpu->fill_random(want.data(), t, n, 0.7f, 42);
+    auto* d = up(std::vector<uint8_t>(bytes, 0));
+    gpu->fill_random(d, t, n, 0.7f, 42);
+    EXPECT_EQ(down(d, bytes), want) << dtype_name(t);
+  }
+  std::vector<float> v(static_cast<size_t>(n));
+  cpu->fill_random(v.data(), DType::F32, n, 0.7f, 42);
+  double ss = 0;
+  for (float x : v) ss += double{x} * x;
+  EXPECT_NEAR(std::sqrt(ss / n), 0.7, 0.03) << "standard deviation";
+}
+
 TEST_F(CudaLinear, EmbedEveryFormat) {
   Rng rng(5);
   const std::vector<int32_t> ids = {0, 7, 3, 99, 7, 50};

@@ -1,0 +1,126 @@
+#include "backend/profiling_backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace tokenmill {
+
+namespace {
+std::string weight_label(const Weight& w) {
+  std::string fmt_name =
+      w.quantized() ? fmt::format("q{}g{}", w.bits, w.group) : std::string(dtype_name(w.dtype));
+  return fmt::format("{}x{} {}{}", w.rows, w.cols, fmt_name,
+                     w.experts ? fmt::format(" x{} experts", w.experts) : "");
+}
+}  // namespace
+
+std::string ProfilingBackend::report() const {
+  std::vector<std::pair<std::string, OpTime>> rows(table_.begin(), table_.end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  double total = 0;
+  for (const auto& r : rows) total += r.second.seconds;
+  std::string out = fmt::format("  {:<44} {:>8} {:>11} {:>10} {:>6}\n", "op (synchronized)",
+                                "calls", "total ms", "us/call", "share");
+  for (const auto& [name, t] : rows) {
+    out += fmt::format("  {:<44} {:>8} {:>11.3f} {:>10.2f} {:>5.1f}%\n", name, t.calls,
+                       t.seconds * 1e3, t.seconds * 1e6 / static_cast<double>(t.calls),
+                       total > 0 ? 100.0 * t.seconds / total : 0.0);
+  }
+  out += fmt::format("  {:<44} {:>8} {:>11.3f}\n", "total", "", total * 1e3);
+  return out;
+}
+
+void ProfilingBackend::embed(const Weight& table, const int32_t* ids, int n, float* out) {
+  timed("embed", n, [&] { in_.embed(table, ids, n, out); });
+}
+void ProfilingBackend::rmsnorm(const float* x, const float* w, float* out, int64_t rows, int dim,
+                               float eps) {
+  timed("rmsnorm", rows, [&] { in_.rmsnorm(x, w, out, rows, dim, eps); });
+}
+void ProfilingBackend::add_rmsnorm(float* x, const float* y, const float* w, float* out,
+                                   int64_t rows, int dim, float eps) {
+  timed("add_rmsnorm", rows, [&] { in_.add_rmsnorm(x, y, w, out, rows, dim, eps); });
+}
+void ProfilingBackend::rmsnorm_gated(const float* o, const float* z, const float* w, float* out,
+                                     int64_t rows, int dim, float eps) {
+  timed("rmsnorm_gated", rows, [&] { in_.rmsnorm_gated(o, z, w, out, rows, dim, eps); });
+}
+void ProfilingBackend::l2norm(float* x, int64_t rows, int dim, float eps, float scale) {
+  timed("l2norm", rows, [&] { in_.l2norm(x, rows, dim, eps, scale); });
+}
+void ProfilingBackend::copy_rows(const float* src, int64_t src_stride, float* dst,
+                                 int64_t dst_stride, int64_t rows, int64_t cols) {
+  timed("copy_rows", rows, [&] { in_.copy_rows(src, src_stride, dst, dst_stride, rows, cols); });
+}
+void ProfilingBackend::gather_rows(const float* x, int dim, const int32_t* rows, int n,
+                                   float* out) {
+  timed("gather_rows", n, [&] { in_.gather_rows(x, dim, rows, n, out); });
+}
+void ProfilingBackend::add(float* x, const float* y, int64_t n) {
+  timed("add", n, [&] { in_.add(x, y, n); });
+}
+void ProfilingBackend::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  timed("silu_mul", n, [&] { in_.silu_mul(gate, up, out, n); });
+}
+void ProfilingBackend::sigmoid_mul(float* x, const float* gate, int64_t n) {
+  timed("sigmoid_mul", n, [&] { in_.sigmoid_mul(x, gate, n); });
+}
+void ProfilingBackend::scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) {
+  timed("scale_rows_sigmoid", rows, [&] { in_.scale_rows_sigmoid(x, gate, rows, dim); });
+}
+void ProfilingBackend::linear(const float* x, int64_t n, const Weight& w, float* out, int expert) {
+  timed("linear " + weight_label(w), n, [&] { in_.linear(x, n, w, out, expert); });
+}
+void ProfilingBackend::linear_multi(const float* x, int64_t n, const Weight* const* ws,
+                                    float* const* outs, int count) {
+  std::string label = "linear_multi";
+  for (int i = 0; i < count; ++i) label += (i ? " + " : " ") + weight_label(*ws[i]);
+  timed(label, n, [&] { in_.linear_multi(x, n, ws, outs, count); });
+}
+void ProfilingBackend::rope(float* x, const int32_t* positions, int n_tokens, int heads,
+                            int head_dim, int64_t token_stride, int rot_dim, float theta) {
+  timed("rope", n_tokens,
+        [&] { in_.rope(x, positions, n_tokens, heads, head_dim, token_stride, rot_dim, theta); });
+}
+void ProfilingBackend::kv_append(const KVLayerView& kv, const KVPaging& paging,
+                                 const SeqLayout& seqs, const float* k, const float* v) {
+  timed("kv_append", seqs.n_tokens, [&] { in_.kv_append(kv, paging, seqs, k, v); });
+}
+void ProfilingBackend::attention(const KVLayerView& kv, const KVPaging& paging,
+                                 const SeqLayout& seqs, const float* q, int heads, float scale,
+                                 float* out) {
+  timed("attention", seqs.n_tokens, [&] { in_.attention(kv, paging, seqs, q, heads, scale, out); });
+}
+void ProfilingBackend::conv1d_silu(const GDNStateView& st, const SeqLayout& seqs,
+                                   const int32_t* slots, const float* x, const float* weight,
+                                   float* out) {
+  timed("conv1d_silu", seqs.n_tokens, [&] { in_.conv1d_silu(st, seqs, slots, x, weight, out); });
+}
+void ProfilingBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs,
+                                        const int32_t* slots, const float* q, const float* k,
+                                        const float* v, const float* g, const float* beta,
+                                        float* out, float* step_states) {
+  timed("gated_delta_rule", seqs.n_tokens,
+        [&] { in_.gated_delta_rule(st, seqs, slots, q, k, v, g, beta, out, step_states); });
+}
+void ProfilingBackend::gdn_gates(const float* a, const float* b, const float* a_log,
+                                 const float* dt_bias, float* g, float* beta, int64_t n,
+                                 int heads) {
+  timed("gdn_gates", n, [&] { in_.gdn_gates(a, b, a_log, dt_bias, g, beta, n, heads); });
+}
+void ProfilingBackend::topk_softmax(const float* logits, int64_t n, int experts, int k,
+                                    bool renormalize, int32_t* ids, float* weights) {
+  timed("topk_softmax", n,
+        [&] { in_.topk_softmax(logits, n, experts, k, renormalize, ids, weights); });
+}
+void ProfilingBackend::moe(const float* x, int64_t n, int k, const int32_t* ids,
+                           const float* weights, const Weight& gate, const Weight& up,
+                           const Weight& down, float* out, float* scratch) {
+  timed("moe " + weight_label(gate), n,
+        [&] { in_.moe(x, n, k, ids, weights, gate, up, down, out, scratch); });
+}
+
+}  // namespace tokenmill

@@ -1,0 +1,115 @@
+// A Backend that forwards every op to another backend and measures it: each op is followed by
+// synchronize(), and its wall time is added to the op's row (linears also by weight shape).
+// Synchronizing after every op removes the overlap a real run has (and adds a few microseconds
+// per op on devices), so the table says where device time goes, not how fast a step is.
+// Rows are split into calls of <= 64 rows ("[small]": decode steps) and larger ("[large]":
+// prefill). Used by `tokenmill bench --profile-ops`.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace tokenmill {
+
+struct OpTime {
+  int64_t calls = 0;
+  double seconds = 0;
+};
+
+class ProfilingBackend final : public Backend {
+ public:
+  explicit ProfilingBackend(Backend& inner) : in_(inner) {}
+
+  // Per op name ("linear 5120x17408 q4g64", "attention", ...): calls and seconds.
+  const std::map<std::string, OpTime>& table() const { return table_; }
+  void reset() { table_.clear(); }
+  // The table sorted by time, one line per row, with shares of the total.
+  std::string report() const;
+
+  std::string name() const override { return in_.name(); }
+  void* alloc(size_t bytes) override { return in_.alloc(bytes); }
+  void free(void* p) override { in_.free(p); }
+  void upload(void* dst, const void* src, size_t bytes) override { in_.upload(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override {
+    in_.download(dst, src, bytes);
+  }
+  void fill_zero(void* dst, size_t bytes) override { in_.fill_zero(dst, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override { in_.copy(dst, src, bytes); }
+  void synchronize() override { in_.synchronize(); }
+  Weight upload_weight(const Weight& host) override { return in_.upload_weight(host); }
+  void fill_random(void* dst, DType dtype, int64_t n, float stddev, uint64_t seed) override {
+    in_.fill_random(dst, dtype, n, stddev, seed);
+  }
+  void read_probe(const void* src, size_t bytes, void* sink) override {
+    in_.read_probe(src, bytes, sink);
+  }
+
+  size_t attention_workspace_floats(int n_tokens, int heads, int head_dim,
+                                    int context_capacity) const override {
+    return in_.attention_workspace_floats(n_tokens, heads, head_dim, context_capacity);
+  }
+  void set_attention_workspace(float* p, size_t floats) override {
+    in_.set_attention_workspace(p, floats);
+  }
+
+  void embed(const Weight& table, const int32_t* ids, int n, float* out) override;
+  void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int dim,
+               float eps) override;
+  void add_rmsnorm(float* x, const float* y, const float* w, float* out, int64_t rows, int dim,
+                   float eps) override;
+  void rmsnorm_gated(const float* o, const float* z, const float* w, float* out, int64_t rows,
+                     int dim, float eps) override;
+  void l2norm(float* x, int64_t rows, int dim, float eps, float scale) override;
+  void copy_rows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+                 int64_t cols) override;
+  void gather_rows(const float* x, int dim, const int32_t* rows, int n, float* out) override;
+  void add(float* x, const float* y, int64_t n) override;
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
+  void sigmoid_mul(float* x, const float* gate, int64_t n) override;
+  void scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) override;
+  void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) override;
+  void linear_multi(const float* x, int64_t n, const Weight* const* ws, float* const* outs,
+                    int count) override;
+  void rope(float* x, const int32_t* positions, int n_tokens, int heads, int head_dim,
+            int64_t token_stride, int rot_dim, float theta) override;
+  void kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
+                 const float* k, const float* v) override;
+  void attention(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
+                 const float* q, int heads, float scale, float* out) override;
+  void conv1d_silu(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
+                   const float* x, const float* weight, float* out) override;
+  void gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
+                        const float* q, const float* k, const float* v, const float* g,
+                        const float* beta, float* out, float* step_states) override;
+  void gdn_gates(const float* a, const float* b, const float* a_log, const float* dt_bias, float* g,
+                 float* beta, int64_t n, int heads) override;
+  void topk_softmax(const float* logits, int64_t n, int experts, int k, bool renormalize,
+                    int32_t* ids, float* weights) override;
+  void moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
+           const Weight& gate, const Weight& up, const Weight& down, float* out,
+           float* scratch) override;
+
+ private:
+  // Runs fn, waits for the device, and charges the time to `op`, split by the call's size:
+  // `rows` is the op's row count (tokens, or tokens x heads for per-head ops), so decode steps
+  // (small) and prefill chunks (large) land in different rows.
+  template <class Fn>
+  void timed(const std::string& op, int64_t rows, Fn&& fn) {
+    in_.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    in_.synchronize();
+    OpTime& t = table_[op + (rows <= kSmallRows ? " [small]" : " [large]")];
+    t.calls++;
+    t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  static constexpr int64_t kSmallRows = 64;
+  Backend& in_;
+  std::map<std::string, OpTime> table_;
+};
+
+}  // namespace tokenmill
