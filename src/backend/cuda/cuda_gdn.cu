@@ -4,8 +4,8 @@
 // The delta rule decomposes over value columns: with S [Dk, Dv], column d evolves as
 //   S[:,d] = a S[:,d];  kS = k . S[:,d];  delta = beta (v_d - kS);  S[:,d] += k delta;
 //   o_d = q . S[:,d]
-// so a column is owned by kParts threads (in registers when Dk <= 128; else one thread per
-// column in the state memory) and the block of a (sequence, value head) shares only q_t and k_t
+// so a column is owned by kParts threads (in registers when Dk <= 128 and Dv <= 128; else one
+// thread per column in the state memory) and the block of a (sequence, value head) shares only q_t and k_t
 // through shared memory. The
 // operation order per column is the CPU reference's recurrent form.
 #include <cuda_runtime.h>
@@ -54,9 +54,8 @@ struct DeltaArgs {
   float* steps;
 };
 
-// Block per (sequence, value head); thread d < Dv owns state column d. REG: column in
-// registers (Dk <= kRegDk), else read and written in place in the state memory.
-template <bool REG>
+// Any size: block per (sequence, value head); thread d < Dv owns state column d, read and
+// written in place in the state memory.
 __global__ void delta_rule_kernel(DeltaArgs A) {
   extern __shared__ float sh[];  // q_t [Dk], k_t [Dk]
   const int s = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
@@ -67,11 +66,6 @@ __global__ void delta_rule_kernel(DeltaArgs A) {
   float* qs = sh;
   float* ks = sh + Dk;
   const bool active = d < Dv;
-  float col[REG ? kRegDk : 1];
-  if (REG && active) {
-#pragma unroll
-    for (int i = 0; i < kRegDk; ++i) col[i] = i < Dk ? S[static_cast<int64_t>(i) * Dv + d] : 0.0f;
-  }
   const int64_t t0 = A.seqs.cu_seqlens[s], t1 = A.seqs.cu_seqlens[s + 1];
   const int64_t qk_stride = static_cast<int64_t>(Hk) * Dk, v_stride = static_cast<int64_t>(Hv) * Dv;
   for (int64_t t = t0; t < t1; ++t) {
@@ -86,46 +80,21 @@ __global__ void delta_rule_kernel(DeltaArgs A) {
     const float vt = A.v[t * v_stride + static_cast<int64_t>(h) * Dv + d];
     float kS = 0.0f, o = 0.0f;
     float* step = A.steps ? A.steps + (t * Hv + h) * state_size : nullptr;
-    if (REG) {
-#pragma unroll
-      for (int i = 0; i < kRegDk; ++i) {
-        if (i < Dk) {
-          col[i] *= a;
-          kS += ks[i] * col[i];
-        }
-      }
-      const float delta = bt * (vt - kS);
-#pragma unroll
-      for (int i = 0; i < kRegDk; ++i) {
-        if (i < Dk) {
-          col[i] += ks[i] * delta;
-          o += qs[i] * col[i];
-          if (step) step[static_cast<int64_t>(i) * Dv + d] = col[i];
-        }
-      }
-    } else {
-      for (int i = 0; i < Dk; ++i) {
-        float* p = S + static_cast<int64_t>(i) * Dv + d;
-        const float si = *p * a;
-        *p = si;
-        kS += ks[i] * si;
-      }
-      const float delta = bt * (vt - kS);
-      for (int i = 0; i < Dk; ++i) {
-        float* p = S + static_cast<int64_t>(i) * Dv + d;
-        const float si = *p + ks[i] * delta;
-        *p = si;
-        o += qs[i] * si;
-        if (step) step[static_cast<int64_t>(i) * Dv + d] = si;
-      }
+    for (int i = 0; i < Dk; ++i) {
+      float* p = S + static_cast<int64_t>(i) * Dv + d;
+      const float si = *p * a;
+      *p = si;
+      kS += ks[i] * si;
+    }
+    const float delta = bt * (vt - kS);
+    for (int i = 0; i < Dk; ++i) {
+      float* p = S + static_cast<int64_t>(i) * Dv + d;
+      const float si = *p + ks[i] * delta;
+      *p = si;
+      o += qs[i] * si;
+      if (step) step[static_cast<int64_t>(i) * Dv + d] = si;
     }
     A.out[t * v_stride + static_cast<int64_t>(h) * Dv + d] = o;
-  }
-  if (REG && active) {
-#pragma unroll
-    for (int i = 0; i < kRegDk; ++i) {
-      if (i < Dk) S[static_cast<int64_t>(i) * Dv + d] = col[i];
-    }
   }
 }
 
@@ -237,10 +206,8 @@ void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs
   if (st.k_dim <= cuda::kRegDk && st.v_dim * cuda::kParts <= cuda::kPartsMaxThreads) {
     const int pthreads = (st.v_dim * cuda::kParts + 31) / 32 * 32;
     cuda::delta_rule_parts_kernel<<<grid, pthreads, smem, stream_>>>(a);
-  } else if (st.k_dim <= cuda::kRegDk) {
-    cuda::delta_rule_kernel<true><<<grid, threads, smem, stream_>>>(a);
   } else {
-    cuda::delta_rule_kernel<false><<<grid, threads, smem, stream_>>>(a);
+    cuda::delta_rule_kernel<<<grid, threads, smem, stream_>>>(a);
   }
   TM_CUDA_LAUNCHED();
 }
