@@ -5,9 +5,9 @@
 //   S[:,d] = a S[:,d];  kS = k . S[:,d];  delta = beta (v_d - kS);  S[:,d] += k delta;
 //   o_d = q . S[:,d]
 // so a column is owned by kParts threads (in registers when Dk <= 128 and Dv <= 128; else one
-// thread per column in the state memory) and the block of a (sequence, value head) shares only q_t and k_t
-// through shared memory. The
-// operation order per column is the CPU reference's recurrent form.
+// thread per column in the state memory) and the block of a (sequence, value head) shares only q_t
+// and k_t through shared memory. The operation order per column is the CPU reference's recurrent
+// form.
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_backend_impl.h"
