@@ -75,28 +75,14 @@ void check_port_free(const std::string& host, int port) {
   fail("cannot bind {}:{}: {}", host, port, std::strerror(err));
 }
 
-std::vector<int32_t> stop_ids_for(const std::string& dir, const Model& model,
+std::vector<int32_t> stop_ids_for(const server::GenerationConfig& gc, const Model& model,
                                   const Tokenizer& tok) {
   std::vector<int32_t> ids = model.config().eos_token_ids;
   auto add = [&](int32_t id) {
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   };
   if (auto e = tok.eos_id()) add(*e);
-  std::ifstream gc(fs::path(dir) / "generation_config.json");
-  if (gc) {
-    try {
-      auto j = nlohmann::json::parse(gc);
-      auto e = j.find("eos_token_id");
-      if (e != j.end() && e->is_number_integer()) add(e->get<int32_t>());
-      if (e != j.end() && e->is_array()) {
-        for (const auto& x : *e) {
-          if (x.is_number_integer()) add(x.get<int32_t>());
-        }
-      }
-    } catch (const nlohmann::json::exception& ex) {
-      fail("{}/generation_config.json: invalid JSON: {}", dir, ex.what());
-    }
-  }
+  for (int32_t id : gc.eos_token_ids) add(id);
   // Chat models end their turn with <|im_end|> even when the config names another eos.
   if (auto im = tok.token_to_id("<|im_end|>")) add(*im);
   return ids;
@@ -196,7 +182,8 @@ void run_server(const ServeOptions& o) {
     sm.chat_template = lm.chat_template.get();
     sm.chat_template_source = lm.chat_template ? lm.chat_template->source() : "";
     sm.model_type = lm.model->config().model_type;
-    sm.stop_ids = stop_ids_for(ms.path, *lm.model, *lm.tokenizer);
+    sm.generation_config = server::load_generation_config(ms.path);
+    sm.stop_ids = stop_ids_for(sm.generation_config, *lm.model, *lm.tokenizer);
     server::compute_token_bytes(sm);
     served.push_back(std::move(sm));
     loaded.push_back(std::move(lm));

@@ -174,7 +174,7 @@ GenerationPlan parse_anthropic_messages(const json& body, const RequestLimits& l
     } else {
       bad_request("tool_choice.type", "must be auto, any, tool or none");
     }
-    tf.boolean("disable_parallel_tool_use");
+    plan.parallel_tool_calls = !tf.boolean("disable_parallel_tool_use").value_or(false);
     if ((plan.tool_choice == "required" || plan.tool_choice == "function") &&
         plan.tools.is_null()) {
       bad_request("tool_choice", "needs tools, but none were given");

@@ -7,6 +7,7 @@
 #include "server/api_error.h"
 #include "server/json_schema_constraint.h"
 #include "server/prompt.h"
+#include "server/tool_call_constraint.h"
 #include "text/detokenizer.h"
 #include "text/tokenizer.h"
 
@@ -121,24 +122,15 @@ Generation::Generation(const ServedModel& model, const ModelSettings& settings, 
     }
   } else {
     max_tokens = ctx - longest;
-    if (settings_.max_output_tokens > 0)
-      max_tokens = std::min(max_tokens, settings_.max_output_tokens);
+    // Default length: the settings' max_output_tokens, else generation_config's max_new_tokens.
+    int cap = settings_.max_output_tokens > 0 ? settings_.max_output_tokens
+                                              : model_.generation_config.max_new_tokens.value_or(0);
+    if (cap > 0) max_tokens = std::min(max_tokens, cap);
   }
 
   GenerationRequest& r = base_;
   r.max_tokens = max_tokens;
-  const SamplingDefaults& d = settings_.sampling;
-  auto pick = [](std::optional<float> a, std::optional<float> b, float c) {
-    return a ? *a : b ? *b : c;
-  };
-  r.sampling.temperature = pick(plan_.temperature, d.temperature, 1.0f);
-  r.sampling.top_p = pick(plan_.top_p, d.top_p, 1.0f);
-  r.sampling.min_p = pick(plan_.min_p, d.min_p, 0.0f);
-  r.sampling.presence_penalty = pick(plan_.presence_penalty, d.presence_penalty, 0.0f);
-  r.sampling.frequency_penalty = pick(plan_.frequency_penalty, d.frequency_penalty, 0.0f);
-  r.sampling.repetition_penalty = pick(plan_.repetition_penalty, d.repetition_penalty, 1.0f);
-  r.sampling.top_k = plan_.top_k ? *plan_.top_k : d.top_k.value_or(0);
-  r.sampling.logprobs = plan_.logprobs;
+  r.sampling = resolve_sampling(plan_, settings_.sampling, model_.generation_config.sampling);
   r.ignore_eos = plan_.ignore_eos;
   if (!plan_.ignore_eos) r.stop_token_ids = model_.stop_ids;
   if (plan_.api == PlanApi::kCompletion && plan_.echo && plan_.logprobs >= 0) {
@@ -155,6 +147,63 @@ Generation::Generation(const ServedModel& model, const ModelSettings& settings, 
     r.reasoning_budget = budget;
     r.starts_in_reasoning = parser_options_.starts_in_reasoning;
   }
+  think_end_ = r.think_end_token;
+  in_reasoning_at_start_ = r.starts_in_reasoning;
+  if (chat && (plan_.tool_choice == "required" || plan_.tool_choice == "function")) {
+    compile_tool_choice();
+  }
+}
+
+void Generation::compile_tool_choice() {
+  const std::string what =
+      plan_.tool_choice == "function"
+          ? fmt::format("a named tool ('{}')", plan_.tool_choice_name)
+          : std::string(plan_.api == PlanApi::kAnthropic ? "'any'" : "'required'");
+  if (plan_.response_format.kind != ResponseFormat::Kind::kText) {
+    bad_request("tool_choice",
+                "{} conflicts with response_format {}: ask for tool calls or for "
+                "JSON text, not both",
+                what,
+                plan_.response_format.kind == ResponseFormat::Kind::kJsonObject ? "json_object"
+                                                                                : "json_schema");
+  }
+  ToolCallGrammarSpec spec;
+  switch (parser_options_.tool_format) {
+    case ToolCallFormat::kXml:
+      spec.format = ToolCallFormat::kXml;
+      break;
+    case ToolCallFormat::kJson:
+    case ToolCallFormat::kAuto:
+      spec.format = ToolCallFormat::kJson;
+      break;
+    case ToolCallFormat::kNone:
+      bad_request("tool_choice",
+                  "{} cannot be enforced: model '{}''s chat template has no tool-call format "
+                  "this server can parse; use tool_choice 'auto' or 'none'",
+                  what, model_.name);
+  }
+  for (size_t i = 0; i < plan_.tools.size(); ++i) {
+    const auto& t = plan_.tools[i];
+    if (plan_.tool_choice == "function" && t["function"]["name"] != plan_.tool_choice_name)
+      continue;
+    spec.tools.push_back(t);
+    spec.schema_params.push_back(plan_.api == PlanApi::kAnthropic
+                                     ? fmt::format("tools[{}].input_schema", i)
+                                     : fmt::format("tools[{}].function.parameters", i));
+  }
+  spec.parallel = plan_.tool_choice != "function" && plan_.parallel_tool_calls;
+  // The constraint owns reasoning too, so that no end-of-generation token can come before the
+  // call: the engine sees no reasoning markers, and the budget is enforced by the constraint.
+  spec.reasoning = !parser_options_.reasoning ? ToolCallGrammarSpec::Reasoning::kNone
+                   : parser_options_.starts_in_reasoning
+                       ? ToolCallGrammarSpec::Reasoning::kOpen
+                       : ToolCallGrammarSpec::Reasoning::kOptional;
+  spec.reasoning_budget = base_.reasoning_budget;
+  spec.think_end_token = base_.think_end_token;
+  base_.reasoning_budget = -1;
+  base_.think_end_token = -1;
+  base_.starts_in_reasoning = false;
+  tool_grammar_ = compile_tool_call_grammar(spec);
 }
 
 Generation::~Generation() {
@@ -172,7 +221,11 @@ void Generation::start() {
       GenerationRequest req = base_;
       req.prompt = prompts_[p];
       if (plan_.seed) req.sampling.seed = *plan_.seed + uint64_t(i);
-      if (fmt_kind != ResponseFormat::Kind::kText) {
+      if (tool_grammar_) {
+        req.constraint =
+            make_tool_call_constraint(tool_grammar_, model_.token_bytes, model_.token_order,
+                                      model_.token_special, model_.stop_ids);
+      } else if (fmt_kind != ResponseFormat::Kind::kText) {
         req.constraint = make_json_constraint(
             model_.token_bytes, model_.token_special, model_.stop_ids,
             fmt_kind == ResponseFormat::Kind::kJsonSchema ? plan_.response_format.schema
@@ -184,7 +237,7 @@ void Generation::start() {
       c->detok =
           std::make_unique<IncrementalDetokenizer>(*model_.tokenizer, true, plan_.stop, tail);
       c->parser = make_output_parser(parser_options_);
-      c->in_reasoning = base_.starts_in_reasoning;
+      c->in_reasoning = in_reasoning_at_start_;
       ChoiceResult res;
       res.index = c->index;
       if (plan_.echo) res.prompt_text = prompt_texts_[p];
@@ -245,7 +298,7 @@ void Generation::handle(Choice& c, TokenEvent& ev, ChoiceDelta& d) {
     }
     res.completion_tokens++;
     if (c.in_reasoning) res.reasoning_tokens++;
-    if (base_.think_end_token >= 0 && ev.token == base_.think_end_token) c.in_reasoning = false;
+    if (think_end_ >= 0 && ev.token == think_end_) c.in_reasoning = false;
     if (think_start_ >= 0 && ev.token == think_start_) c.in_reasoning = true;
     if (!ev.hit_stop_token) {
       if (plan_.logprobs >= 0) {

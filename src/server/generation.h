@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/request.h"
+#include "server/generation_config.h"
 #include "server/plan.h"
 #include "server/settings.h"
 #include "text/output_parser.h"
@@ -22,6 +23,9 @@ class ChatTemplate;
 
 namespace tokenmill::server {
 
+class ToolCallGrammar;
+struct TokenOrder;
+
 // A model the server serves: the engine and text layer objects, owned by the caller (serve).
 struct ServedModel {
   std::string name;  // id in /v1/models
@@ -32,13 +36,15 @@ struct ServedModel {
   std::string chat_template_source;             // Jinja source (picks the output parser)
   std::string model_type;                       // config.json model_type
   std::vector<int32_t> stop_ids;                // end-of-generation ids (eos, <|im_end|>)
+  GenerationConfig generation_config;           // the directory's generation_config.json
   // Byte string of every token id (precomputed once; used by logprobs and JSON constraints).
   std::shared_ptr<const std::vector<std::string>> token_bytes;
-  std::vector<uint8_t> token_special;  // 1 for special added tokens
+  std::vector<uint8_t> token_special;             // 1 for special added tokens
+  std::shared_ptr<const TokenOrder> token_order;  // token_bytes sorted (tool-call constraints)
 };
 
-// Fills token_bytes / token_special from the tokenizer (byte-level BPE vocabulary strings are
-// mapped back to bytes; SentencePiece "\u2581" is a space and <0xNN> a byte).
+// Fills token_bytes / token_special / token_order from the tokenizer (byte-level BPE vocabulary
+// strings are mapped back to bytes; SentencePiece "\u2581" is a space and <0xNN> a byte).
 void compute_token_bytes(ServedModel& m);
 
 struct TokenLogprob {
@@ -111,6 +117,8 @@ class Generation {
   struct Choice;
   void handle(Choice& c, TokenEvent& ev, ChoiceDelta& d);
   void finish_choice(Choice& c, ChoiceDelta& d, const std::string& reason);
+  // tool_choice required / named: compiles the constraint that forces a tool call.
+  void compile_tool_choice();
 
   const ServedModel& model_;
   ModelSettings settings_;
@@ -122,6 +130,9 @@ class Generation {
   GenerationRequest base_;
   bool thinking_ = false;
   int32_t think_start_ = -1;
+  int32_t think_end_ = -1;              // counts reasoning tokens (the engine may not know it)
+  bool in_reasoning_at_start_ = false;  // the prompt opened the reasoning block
+  std::shared_ptr<const ToolCallGrammar> tool_grammar_;  // tool_choice required / named
   std::vector<std::unique_ptr<Choice>> choices_;
   std::vector<ChoiceResult> results_;
   int cached_tokens_ = 0;

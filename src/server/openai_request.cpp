@@ -223,6 +223,7 @@ GenerationPlan parse_openai_chat(const json& body, const RequestLimits& limits) 
     validate_tools(*tools, "tools");
     plan.tools = *tools;
   }
+  plan.parallel_tool_calls = f.boolean("parallel_tool_calls").value_or(true);
   if (const json* tc = f.get("tool_choice")) {
     if (tc->is_string()) {
       std::string s = tc->get<std::string>();

@@ -29,6 +29,7 @@ struct GenerationPlan {
   nlohmann::ordered_json tools;         // OpenAI tool objects, null when none
   std::string tool_choice = "auto";     // auto | none | required | function
   std::string tool_choice_name;         // tool_choice == function
+  bool parallel_tool_calls = true;      // more than one call per reply (enforced when required)
   std::optional<bool> enable_thinking;  // unset: the model's default
   nlohmann::ordered_json template_kwargs =
       nlohmann::ordered_json::object();  // chat_template_kwargs

@@ -72,6 +72,11 @@ void read_model_keys(JsonReader& r, ModelSettings& m) {
   }
   if (auto sp = r.object("speculative")) {
     auto enabled = sp->boolean("enabled");
+    if (enabled.value_or(false)) {
+      sp->error("enabled",
+                "true is not supported by this build yet (the engine has no "
+                "speculative decoding); set it to false or remove the key");
+    }
     m.speculative = enabled.value_or(false);
     if (auto d = sp->integer("draft_depth", 1, 16)) {
       if (!m.speculative) {
@@ -86,6 +91,11 @@ void read_model_keys(JsonReader& r, ModelSettings& m) {
     sp->finish();
   }
   if (auto v = r.one_of("kv_cache_dtype", {"auto", "bf16", "f16", "f32", "fp8"})) {
+    if (*v != "auto" && *v != kKvCacheDtype) {
+      r.error("kv_cache_dtype", fmt::format("'{}' is not supported by this build yet (the KV cache "
+                                            "is stored as {}); use \"auto\" or \"{}\"",
+                                            *v, kKvCacheDtype, kKvCacheDtype));
+    }
     m.kv_cache_dtype = *v;
   }
   if (auto v = r.boolean("pinned")) m.pinned = *v;
@@ -215,7 +225,14 @@ Settings parse_settings(const std::string& text, const std::string& file) {
   if (auto c = r.object("cache")) {
     if (auto v = c->integer("memory_budget_mb", 1, int64_t(1) << 24)) s.cache.memory_budget_mb = *v;
     if (auto v = c->integer("kv_block_size", 1, 1024)) s.cache.kv_block_size = int(*v);
-    if (auto v = c->boolean("prefix_cache")) s.cache.prefix_cache = *v;
+    if (auto v = c->boolean("prefix_cache")) {
+      if (*v) {
+        c->error("prefix_cache",
+                 "true is not supported by this build yet (the engine has no "
+                 "prefix cache); set it to false or remove the key");
+      }
+      s.cache.prefix_cache = *v;
+    }
     c->finish();
   }
   if (const json* models = r.raw("models")) {

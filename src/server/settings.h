@@ -18,6 +18,9 @@
 //                 "presence_penalty", "frequency_penalty"},
 //    "thinking": {"enabled", "budget_tokens"}, "speculative": {"enabled", "draft_depth"},
 //    "kv_cache_dtype": "auto"|"bf16"|"f16"|"f32"|"fp8", "pinned", "default"}
+// Values this build cannot honour are errors, not ignored: speculative.enabled true,
+// kv_cache_dtype other than "auto" / "f32" (the KV cache is f32), cache.prefix_cache true (no
+// prefix cache yet). /api/status reports the effective values.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,9 @@
 #include <vector>
 
 namespace tokenmill::server {
+
+// The KV cache dtype of this build's engine ("auto" resolves to it).
+inline constexpr const char* kKvCacheDtype = "f32";
 
 struct SamplingDefaults {
   std::optional<float> temperature, top_p, min_p, repetition_penalty, presence_penalty,
@@ -44,12 +50,12 @@ struct ModelSettings {
   SamplingDefaults sampling;  // used when a request gives no value
   bool thinking = true;       // reasoning on when a request does not say
   int thinking_budget = -1;   // reasoning tokens before </think> is forced; -1 = none
-  bool speculative = false;   // MTP drafting
+  bool speculative = false;   // MTP drafting (true is rejected: not implemented yet)
   int draft_depth = 0;        // drafted tokens per step when speculative (0 = engine default)
-  std::string kv_cache_dtype = "auto";
-  bool pinned = false;      // never unloaded
-  bool is_default = false;  // serves requests that name no model
-  std::string source;       // the file(s) these settings came from, for messages
+  std::string kv_cache_dtype = "auto";  // "auto" or kKvCacheDtype (others are rejected)
+  bool pinned = false;                  // never unloaded
+  bool is_default = false;              // serves requests that name no model
+  std::string source;                   // the file(s) these settings came from, for messages
 };
 
 struct ServerSection {
@@ -77,7 +83,7 @@ struct LimitsSection {
 struct CacheSection {
   int64_t memory_budget_mb = 2048;  // KV blocks + state slots, per model
   int kv_block_size = 16;
-  bool prefix_cache = true;
+  bool prefix_cache = false;  // true is rejected: the engine has no prefix cache yet
 };
 
 struct Settings {

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "server/generation.h"
+#include "server/tool_call_constraint.h"
 #include "text/tokenizer.h"
 
 namespace tokenmill::server {
@@ -71,6 +72,7 @@ void compute_token_bytes(ServedModel& m) {
     }
     (*bytes)[id] = std::move(out);
   }
+  m.token_order = sort_tokens(*bytes);
   m.token_bytes = std::move(bytes);
 }
 

@@ -53,6 +53,9 @@ test('stop strings cut the output before the stop text', async () => {
 test('logprobs: one entry per token, top_logprobs sorted, greedy picks the top one', async () => {
   const r = await openai.chat.completions.create({
     ...GREEDY, max_tokens: 8, ...NO_THINK, messages: USER, logprobs: true, top_logprobs: 3,
+    // Off explicitly: the demo's generation_config.json default (1.1) would otherwise let the
+    // penalised greedy pick differ from the raw top logprob.
+    repetition_penalty: 1,
   });
   const lp = r.choices[0].logprobs.content;
   assert.ok(lp.length >= 1 && lp.length <= r.usage.completion_tokens);

@@ -68,6 +68,21 @@ TEST(JsonSchemaMatcher, JsonObjectModeAndRefs) {
   EXPECT_FALSE(json_schema_accepts(consts, false, R"("y")", true));
 }
 
+TEST(JsonSchemaMatcher, NumbersAreBoundedSoTheyStayIntegers) {
+  json integer = json::parse(R"({"type": "integer"})");
+  json number = json::parse(R"({"type": "number"})");
+  const std::string d18(18, '9'), d20(20, '9');
+  // 18 digits always fit int64, so the reference parser keeps the value an integer.
+  ASSERT_TRUE(json::parse(d18).is_number_integer());
+  ASSERT_TRUE(json::parse("-" + d18).is_number_integer());
+  EXPECT_TRUE(json_schema_accepts(integer, false, d18, true));
+  EXPECT_TRUE(json_schema_accepts(integer, false, "-" + d18, true));
+  EXPECT_FALSE(json_schema_accepts(integer, false, d18 + "9", false));
+  EXPECT_TRUE(json_schema_accepts(number, false, d20, true));
+  EXPECT_TRUE(json_schema_accepts(number, false, "1." + std::string(19, '5'), true));
+  EXPECT_FALSE(json_schema_accepts(number, false, d20 + "9", false));
+}
+
 TEST(JsonSchemaMatcher, UnsupportedKeywordsAre400) {
   try {
     validate_json_schema(json::parse(R"({"type": "string", "pattern": "^a$"})"));

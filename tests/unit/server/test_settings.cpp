@@ -66,7 +66,7 @@ TEST(Settings, FullFileParses) {
     "models": ["/m/a", {"path": "/m/b", "name": "bee", "context_window": 4096,
                "max_output_tokens": 1024, "sampling": {"temperature": 0.6, "top_k": 20},
                "thinking": {"enabled": false, "budget_tokens": 100},
-               "speculative": {"enabled": true, "draft_depth": 3}, "kv_cache_dtype": "bf16",
+               "speculative": {"enabled": false}, "kv_cache_dtype": "f32",
                "pinned": true, "default": true}]
   })",
                               "/etc/s.json");
@@ -83,9 +83,9 @@ TEST(Settings, FullFileParses) {
   EXPECT_EQ(*s.models[1].sampling.top_k, 20);
   EXPECT_FALSE(s.models[1].thinking);
   EXPECT_EQ(s.models[1].thinking_budget, 100);
-  EXPECT_TRUE(s.models[1].speculative);
-  EXPECT_EQ(s.models[1].draft_depth, 3);
-  EXPECT_EQ(s.models[1].kv_cache_dtype, "bf16");
+  EXPECT_FALSE(s.models[1].speculative);
+  EXPECT_EQ(s.models[1].kv_cache_dtype, "f32");
+  EXPECT_EQ(s.models[0].kv_cache_dtype, "auto");
   EXPECT_TRUE(s.models[1].pinned);
   EXPECT_EQ(s.default_model, "bee");
   EXPECT_EQ(s.find_model("")->name, "bee");
@@ -169,10 +169,24 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{R"({"models": [{"path": "/a", "speculative": {"draft_depth": 2}}]})",
                 {"models[0].speculative.draft_depth", "speculative.enabled is not"}},
         BadCase{
-            R"({"models": [{"path": "/a", "speculative": {"enabled": true, "draft_depth": 99}}]})",
+            R"({"models": [{"path": "/a", "speculative": {"enabled": false, "draft_depth": 99}}]})",
             {"models[0].speculative.draft_depth", "between 1 and 16"}},
         BadCase{R"({"models": [{"path": "/a", "kv_cache_dtype": "int3"}]})",
                 {"models[0].kv_cache_dtype", "must be one of", "int3"}},
+        // Values the engine cannot honour yet are errors, never silently ignored.
+        BadCase{R"({"models": [{"path": "/a", "speculative": {"enabled": true}}]})",
+                {"models[0].speculative.enabled", "true", "not supported by this build yet"}},
+        BadCase{
+            R"({"models": [{"path": "/a", "speculative": {"enabled": true, "draft_depth": 3}}]})",
+            {"models[0].speculative.enabled", "not supported by this build yet"}},
+        BadCase{R"({"models": [{"path": "/a", "kv_cache_dtype": "bf16"}]})",
+                {"models[0].kv_cache_dtype", "'bf16'", "not supported by this build yet", "f32"}},
+        BadCase{R"({"models": [{"path": "/a", "kv_cache_dtype": "fp8"}]})",
+                {"models[0].kv_cache_dtype", "'fp8'", "not supported by this build yet"}},
+        BadCase{R"({"models": [{"path": "/a", "kv_cache_dtype": "f16"}]})",
+                {"models[0].kv_cache_dtype", "'f16'", "not supported by this build yet"}},
+        BadCase{R"({"cache": {"prefix_cache": true}})",
+                {"cache.prefix_cache", "true", "not supported by this build yet"}},
         BadCase{R"({"models": [{"path": "/a", "default": true}, {"path": "/b", "default": true}]})",
                 {"models[1].default", "conflicts with model 'a'"}},
         BadCase{R"({"models": ["/x/a", "/y/a"]})", {"models[1].name", "'a'", "models[0]"}},
@@ -219,6 +233,27 @@ TEST(Settings, PerModelFileIsReadAndConflictsAreErrors) {
     EXPECT_THAT(std::string(e.what()), AllOf(HasSubstr("bad.json"), HasSubstr("sampling.top_k"),
                                              HasSubstr("must be an integer")));
   }
+}
+
+TEST(Settings, UnsupportedValueInAModelFileNamesThatFile) {
+  TempDir dir;
+  dir.write("m.json", R"({"kv_cache_dtype": "bf16"})");
+  std::string main =
+      dir.write("s.json", R"({"models": [{"path": "m", "settings_file": "m.json"}]})");
+  try {
+    load_settings(main);
+    FAIL() << "accepted kv_cache_dtype bf16";
+  } catch (const Error& e) {
+    EXPECT_THAT(std::string(e.what()),
+                AllOf(HasSubstr("m.json"), HasSubstr("kv_cache_dtype"), HasSubstr("'bf16'"),
+                      HasSubstr("not supported by this build yet")));
+  }
+  // A reload that brings in such a value is rejected and the running settings stay.
+  std::string ok = dir.write("s.json", R"({"models": ["m"]})");
+  SettingsStore store(load_settings(ok));
+  dir.write("s.json", R"({"models": [{"path": "m", "speculative": {"enabled": true}}]})");
+  EXPECT_THAT(store.reload(), HasSubstr("not supported by this build yet"));
+  EXPECT_FALSE(store.get()->models[0].speculative);
 }
 
 TEST(Settings, MissingFile) {
