@@ -151,7 +151,7 @@ class Binder {
     Weight up = t.data != nullptr
                     ? store_.upload(w)
                     : store_.random_weight(w, dummy_stddev(module, cols), name_seed(module));
-    bytes_ += static_cast<int64_t>(w.total_bytes());
+    count(w);
     return up;
   }
 
@@ -220,6 +220,7 @@ class Binder {
   }
 
   int64_t bytes() const { return bytes_; }
+  int64_t expert_bytes() const { return expert_bytes_; }
 
  private:
   Weight stacked(const void* data, DType dt, int64_t rows, int64_t cols, int64_t E) {
@@ -229,7 +230,7 @@ class Binder {
     w.cols = cols;
     w.experts = E;
     w.data = data;
-    bytes_ += static_cast<int64_t>(w.total_bytes());
+    count(w);
     return store_.upload(w);
   }
 
@@ -248,10 +249,17 @@ class Binder {
     return stacked(buf, first.dtype, rows, cols, E);
   }
 
+  void count(const Weight& w) {
+    const auto b = static_cast<int64_t>(w.total_bytes());
+    bytes_ += b;
+    if (w.experts > 0) expert_bytes_ += b;
+  }
+
   Checkpoint& ckpt_;
   const ModelConfig& cfg_;
   WeightStore& store_;
   int64_t bytes_ = 0;
+  int64_t expert_bytes_ = 0;  // stacked expert matrices (a token reads k of E)
 };
 
 LayerWeights bind_layer(Binder& b, const ModelConfig& cfg, const std::string& p, LayerKind kind) {
@@ -321,8 +329,14 @@ ModelWeights bind_weights(Checkpoint& ckpt, const ModelConfig& cfg, WeightStore&
   }
   const bool tied = cfg.tie_word_embeddings && ckpt.find("lm_head.weight") == nullptr;
   w.lm_head = tied ? w.embed : b.linear("lm_head", V, H);
-  // Bytes one decoded token reads: every layer and the head, but one embedding row.
-  w.weight_bytes = b.bytes() - embed_bytes + (tied ? embed_bytes : 0) + embed_bytes / V;
+  w.stored_bytes = b.bytes();
+  // Bytes one decoded token reads: every layer and the head, one embedding row, and of the
+  // stacked experts only the k a token is routed to.
+  const int64_t experts = b.expert_bytes();
+  const int64_t routed =
+      cfg.num_experts > 0 ? experts * cfg.num_experts_per_tok / cfg.num_experts : experts;
+  w.weight_bytes =
+      b.bytes() - experts + routed - embed_bytes + (tied ? embed_bytes : 0) + embed_bytes / V;
   if (with_mtp && cfg.mtp_num_hidden_layers > 0 && ckpt.find("mtp.fc.weight") != nullptr) {
     MtpWeights& m = w.mtp;
     m.present = true;

@@ -64,7 +64,10 @@ struct ModelWeights {
   Vec final_norm;
   std::vector<LayerWeights> layers;
   MtpWeights mtp;
-  int64_t weight_bytes = 0;  // bytes the forward reads per token (without MTP), as stored
+  // Bytes one decoded token reads at batch 1 (without MTP), as stored: one embedding row, and
+  // num_experts_per_tok of num_experts expert matrices per MoE layer.
+  int64_t weight_bytes = 0;
+  int64_t stored_bytes = 0;  // every bound matrix (without MTP), as stored
 };
 
 // Owns backend memory for converted vectors and for weights the backend copied, plus host

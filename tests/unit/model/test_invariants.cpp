@@ -111,11 +111,20 @@ TEST(InMemoryCheckpoint, RandomWeightsBindAndRun) {
     const std::string what =
         std::string(spec.moe ? "moe" : "dense") + " bits " + std::to_string(spec.bits);
     Harness h(std::make_unique<Checkpoint>(synthetic_checkpoint_in_memory(spec, "in-memory")));
-    // weight_bytes counts what a token reads: one embedding row, not the whole table.
-    const Weight& e = h.model->weights().embed;
-    const auto table = static_cast<int64_t>(e.total_bytes());
-    EXPECT_EQ(h.model->weights().weight_bytes - table / e.rows + table,
-              synthetic_weight_bytes(spec))
+    const ModelWeights& mw = h.model->weights();
+    EXPECT_EQ(mw.stored_bytes, synthetic_weight_bytes(spec)) << what;
+    // weight_bytes counts what a token reads: one embedding row, not the whole table, and the
+    // routed experts only.
+    const auto table = static_cast<int64_t>(mw.embed.total_bytes());
+    int64_t expert_bytes = 0;
+    for (const LayerWeights& L : mw.layers) {
+      if (!L.ffn.moe) continue;
+      for (const Weight* w : {&L.ffn.experts_gate, &L.ffn.experts_up, &L.ffn.experts_down})
+        expert_bytes += static_cast<int64_t>(w->total_bytes());
+    }
+    const int64_t routed = spec.moe ? expert_bytes * spec.experts_per_tok / spec.experts : 0;
+    EXPECT_EQ(mw.weight_bytes,
+              mw.stored_bytes - table + table / mw.embed.rows - expert_bytes + routed)
         << what;
     auto ids = random_ids(40, h.vocab(), 11);
     auto whole = h.run({ids}, 0)[0];
