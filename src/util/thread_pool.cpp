@@ -12,23 +12,25 @@
 namespace tokenmill {
 
 namespace {
-// Spin iterations (each a pause, ~40-140 cycles) before blocking: long enough to cover the gap
-// between consecutive ops of a decode step, short enough not to burn a core when idle.
+// Spin iterations (each a pause, ~40-140 cycles) before a worker blocks: long enough to cover
+// the gap between consecutive ops of a decode step, short enough not to burn a core when idle.
 constexpr int kSpins = 20000;
+// Pause iterations run() spins for a started piece before yielding its core between checks
+// (the piece's thread may be waiting for that core on a loaded machine).
+constexpr int kWaitSpins = 2000;
+// Pieces per thread: more balance the load and let a thread absorb a late one's share in finer
+// steps; each claim is one atomic on a line the owner usually holds already.
+constexpr int64_t kPiecesPerThread = 4;
 
-// Part p of n items split into `parts` grain-aligned ranges.
-void part_range(int64_t n, int64_t grain, int parts, int p, int64_t* b, int64_t* e) {
-  int64_t chunks = (n + grain - 1) / grain;
-  int64_t per = chunks / parts, extra = chunks % parts;
-  int64_t cb = p * per + std::min<int64_t>(p, extra);
-  int64_t ce = cb + per + (p < extra ? 1 : 0);
-  *b = std::min(n, cb * grain);
-  *e = std::min(n, ce * grain);
+constexpr uint64_t kGenMask = 0xffffffffu;
+uint64_t run_word(uint64_t gen, uint64_t next, uint64_t end) {
+  return ((gen & kGenMask) << 32) | (next << 16) | end;
 }
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  runs_ = std::make_unique<Run[]>(static_cast<size_t>(threads));
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
@@ -37,37 +39,77 @@ ThreadPool::~ThreadPool() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_.store(true);
   }
-  start_cv_.notify_all();
+  wake_cv_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::run(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn,
-                     int64_t grain) {
+void ThreadPool::run_piece(int64_t piece, int index) {
+  const int64_t b = piece * job_step_;
+  const int64_t e = std::min(job_n_, b + job_step_);
+  (*job_)(b, e, index);
+  done_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void ThreadPool::work(uint64_t gen, int index) {
+  const int threads = size();
+  for (int k = 0; k < threads; ++k) {
+    const bool own = k == 0;
+    Run& r = runs_[static_cast<size_t>((index + k) % threads)];
+    uint64_t cur = r.word.load(std::memory_order_acquire);
+    for (;;) {
+      if ((cur >> 32) != (gen & kGenMask)) return;  // a newer job: ours is finished
+      const uint64_t next = (cur >> 16) & 0xffffu, end = cur & 0xffffu;
+      if (next >= end) break;
+      const uint64_t want = own ? cur + (uint64_t{1} << 16) : cur - 1;
+      if (!r.word.compare_exchange_weak(cur, want, std::memory_order_acq_rel,
+                                        std::memory_order_acquire)) {
+        continue;  // cur now holds the current word
+      }
+      // The piece is ours, so run() is still waiting for it and the job fields are this
+      // generation's.
+      run_piece(static_cast<int64_t>(own ? next : end - 1), index);
+      cur = r.word.load(std::memory_order_acquire);
+    }
+  }
+}
+
+void ThreadPool::run(int64_t n, Fn fn, int64_t grain) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
-  int64_t chunks = (n + grain - 1) / grain;
-  int parts = static_cast<int>(std::min<int64_t>(chunks, size()));
-  if (parts <= 1) {
+  const int64_t chunks = (n + grain - 1) / grain;
+  if (chunks <= 1 || workers_.empty()) {
     fn(0, n, 0);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    job_grain_ = grain;
-    job_parts_ = parts;
-    pending_.store(parts - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+  const int threads = size();
+  // Pieces of whole grains, about kPiecesPerThread per thread (at most 2^16 - 1 in all).
+  const int64_t want = std::min<int64_t>({chunks, kPiecesPerThread * threads, 0xffff});
+  const int64_t step = (chunks + want - 1) / want * grain;
+  job_ = &fn;
+  job_n_ = n;
+  job_step_ = step;
+  job_pieces_ = (n + step - 1) / step;
+  done_.store(0, std::memory_order_relaxed);
+  const uint64_t gen = ++gen_;
+  for (int t = 0; t < threads; ++t) {
+    const auto b = static_cast<uint64_t>(job_pieces_ * t / threads);
+    const auto e = static_cast<uint64_t>(job_pieces_ * (t + 1) / threads);
+    runs_[static_cast<size_t>(t)].word.store(run_word(gen, b, e), std::memory_order_release);
   }
-  start_cv_.notify_all();
-  int64_t b, e;
-  part_range(n, grain, parts, 0, &b, &e);
-  fn(b, e, 0);
-  for (int i = 0; i < kSpins && pending_.load(std::memory_order_acquire) != 0; ++i) TM_CPU_RELAX();
-  if (pending_.load(std::memory_order_acquire) != 0) {
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+  // seq_cst store then seq_cst load of sleepers_ (a worker increments sleepers_ before it checks
+  // generation_ under the mutex): either it sees this generation or it is notified.
+  generation_.store(gen, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_cv_.notify_all();
+  }
+  work(gen, 0);
+  for (int i = 0; done_.load(std::memory_order_acquire) != job_pieces_; ++i) {
+    if (i < kWaitSpins) {
+      TM_CPU_RELAX();
+    } else {
+      std::this_thread::yield();
+    }
   }
 }
 
@@ -75,33 +117,25 @@ void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
     // Spin for the next generation, then sleep.
-    int spins = 0;
-    while (generation_.load(std::memory_order_acquire) == seen && !stop_.load() && spins < kSpins) {
+    uint64_t gen = generation_.load(std::memory_order_acquire);
+    for (int spins = 0; gen == seen && spins < kSpins; ++spins) {
       TM_CPU_RELAX();
-      ++spins;
+      gen = generation_.load(std::memory_order_acquire);
     }
-    const std::function<void(int64_t, int64_t, int)>* job;
-    int64_t n, grain;
-    int parts;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
-      if (stop_.load()) return;
-      seen = generation_.load();
-      job = job_;
-      n = job_n_;
-      grain = job_grain_;
-      parts = job_parts_;
-    }
-    if (index < parts) {
-      int64_t b, e;
-      part_range(n, grain, parts, index, &b, &e);
-      (*job)(b, e, index);
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> lock(mu_);
-        done_cv_.notify_all();
+    if (gen == seen) {
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_cv_.wait(lock, [&] {
+          return stop_.load() || generation_.load(std::memory_order_seq_cst) != seen;
+        });
       }
+      sleepers_.fetch_sub(1, std::memory_order_relaxed);
+      gen = generation_.load(std::memory_order_acquire);
     }
+    if (stop_.load()) return;
+    seen = gen;
+    work(gen, index);
   }
 }
 

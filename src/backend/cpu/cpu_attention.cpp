@@ -37,6 +37,38 @@ inline int64_t cache_row(const KVLayerView& kv, const KVPaging& pg, int s, int64
   return (static_cast<int64_t>(block) * kv.block_size + p % kv.block_size) * kv.kv_heads;
 }
 
+// acc[0, NV*W) += sum_j p[j] * V_j[0, NV*W) for the n rows V_j = v + rows[j]: the accumulators
+// stay in registers across the positions (one FMA per vector and position).
+template <class S, int NV>
+void accumulate_pv(float* acc, const float* p, const float* v, const int64_t* rows, int n) {
+  typename S::V a[NV];
+  TM_UNROLL
+  for (int u = 0; u < NV; ++u) a[u] = S::load(acc + u * S::W);
+  for (int j = 0; j < n; ++j) {
+    const typename S::V pj = S::set1(p[j]);
+    const float* vj = v + rows[j];
+    TM_UNROLL
+    for (int u = 0; u < NV; ++u) a[u] = S::fma(pj, S::load(vj + u * S::W), a[u]);
+  }
+  TM_UNROLL
+  for (int u = 0; u < NV; ++u) S::store(acc + u * S::W, a[u]);
+}
+
+// acc[0, D) += sum_j p[j] * (v + rows[j])[0, D), in register-sized column chunks.
+template <class S>
+void accumulate_pv_row(float* acc, const float* p, const float* v, const int64_t* rows, int n,
+                       int D) {
+  constexpr int W = S::W;
+  int d = 0;
+  for (; d + 8 * W <= D; d += 8 * W) accumulate_pv<S, 8>(acc + d, p, v + d, rows, n);
+  for (; d + W <= D; d += W) accumulate_pv<S, 1>(acc + d, p, v + d, rows, n);
+  for (; d < D; ++d) {
+    float s = acc[d];
+    for (int j = 0; j < n; ++j) s += p[j] * v[rows[j] + d];
+    acc[d] = s;
+  }
+}
+
 }  // namespace
 
 void CpuBackend::rope(float* x, const int32_t* positions, int n_tokens, int heads, int head_dim,
@@ -92,12 +124,17 @@ void CpuBackend::attention(const KVLayerView& kv, const KVPaging& paging, const 
                            const float* q, int heads, float scale, float* out) {
   TM_CHECK(kv.kv_heads > 0 && heads % kv.kv_heads == 0, "{} query heads over {} kv heads", heads,
            kv.kv_heads);
+  TM_CHECK(kv.block_size > 0, "kv block size {}", kv.block_size);
   map_tokens(seqs, index_scratch_);
   const int D = kv.head_dim, r = heads / kv.kv_heads;
-  // Per thread: accumulators [r, D], scores [r, kTile], running max and sum [r] each.
-  reserve_thread_scratch(static_cast<size_t>(r) * (D + kTile + 2));
+  const int64_t row_stride = static_cast<int64_t>(kv.kv_heads) * D;  // between positions
+  // Per thread: accumulators [r, D], scores [r, kTile], running max and sum [r] each, and the
+  // tile's cache row offsets [kTile] (int64, at an even float offset).
+  const size_t rows_at = (static_cast<size_t>(r) * (D + kTile + 2) + 1) / 2 * 2;
+  reserve_thread_scratch(rows_at + 2 * kTile);
   cpu::with_isa(options_.scalar_kernels, [&](auto isa) {
     using S = decltype(isa);
+    constexpr int W = S::W;
     pool_.run(
         static_cast<int64_t>(seqs.n_tokens) * kv.kv_heads,
         [&](int64_t b, int64_t e, int worker) {
@@ -105,6 +142,7 @@ void CpuBackend::attention(const KVLayerView& kv, const KVPaging& paging, const 
           float* sc = acc + static_cast<int64_t>(r) * D;
           float* mx = sc + static_cast<int64_t>(r) * kTile;
           float* sum = mx + r;
+          auto* rows = reinterpret_cast<int64_t*>(acc + rows_at);
           for (int64_t item = b; item < e; ++item) {
             const int64_t t = item / kv.kv_heads;
             const int kvh = static_cast<int>(item % kv.kv_heads);
@@ -122,8 +160,15 @@ void CpuBackend::attention(const KVLayerView& kv, const KVPaging& paging, const 
             }
             for (int64_t p0 = 0; p0 <= pos; p0 += kTile) {
               const int n = static_cast<int>(std::min<int64_t>(kTile, pos + 1 - p0));
+              // Cache offsets of the tile's positions: one block-table lookup per block.
+              for (int j = 0; j < n;) {
+                const int64_t row0 = cache_row(kv, paging, s, p0 + j);
+                const int in_block = static_cast<int>((p0 + j) % kv.block_size);
+                const int m = std::min(n - j, kv.block_size - in_block);
+                for (int i = 0; i < m; ++i, ++j) rows[j] = (row0 + kvh) * D + i * row_stride;
+              }
               for (int j = 0; j < n; ++j) {
-                const float* kp = kv.k + (cache_row(kv, paging, s, p0 + j) + kvh) * D;
+                const float* kp = kv.k + rows[j];
                 for (int h = 0; h < r; ++h)
                   sc[h * kTile + j] = scale * cpu::dot<S>(qh + h * D, kp, D);
               }
@@ -137,16 +182,20 @@ void CpuBackend::attention(const KVLayerView& kv, const KVPaging& paging, const 
                   for (int d = 0; d < D; ++d) acc[h * D + d] *= c;
                 }
                 mx[h] = m;
-                for (int j = 0; j < n; ++j) {
-                  sh[j] = std::exp(sh[j] - m);
-                  sum[h] += sh[j];
+                const typename S::V vm = S::set1(m);
+                typename S::V vs = S::zero();
+                int j = 0;
+                for (; j + W <= n; j += W) {
+                  const typename S::V p = S::exp(S::sub(S::load(sh + j), vm));
+                  S::store(sh + j, p);
+                  vs = S::add(vs, p);
                 }
+                float tail = 0.0f;
+                for (; j < n; ++j) tail += (sh[j] = std::exp(sh[j] - m));
+                sum[h] += S::reduce(vs) + tail;
               }
-              for (int j = 0; j < n; ++j) {
-                const float* vp = kv.v + (cache_row(kv, paging, s, p0 + j) + kvh) * D;
-                for (int h = 0; h < r; ++h)
-                  cpu::scale_axpy<S>(acc + h * D, 1.0f, sc[h * kTile + j], vp, D);
-              }
+              for (int h = 0; h < r; ++h)
+                accumulate_pv_row<S>(acc + h * D, sc + h * kTile, kv.v, rows, n, D);
             }
             for (int h = 0; h < r; ++h) {
               float* o = out + (t * heads + static_cast<int64_t>(kvh) * r + h) * D;

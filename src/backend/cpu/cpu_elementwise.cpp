@@ -39,6 +39,7 @@ void CpuBackend::rmsnorm_gated(const float* o, const float* z, const float* w, f
                                int64_t rows, int dim, float eps) {
   cpu::with_isa(options_.scalar_kernels, [&](auto isa) {
     using S = decltype(isa);
+    constexpr int W = S::W;
     pool_.run(
         rows,
         [&](int64_t b, int64_t e, int) {
@@ -47,7 +48,13 @@ void CpuBackend::rmsnorm_gated(const float* o, const float* z, const float* w, f
             const float* zr = z + r * dim;
             float* y = out + r * dim;
             const float inv = 1.0f / std::sqrt(cpu::dot<S>(orow, orow, dim) / dim + eps);
-            for (int j = 0; j < dim; ++j) y[j] = w[j] * (orow[j] * inv) * cpu::silu(zr[j]);
+            const typename S::V vinv = S::set1(inv);
+            int j = 0;
+            for (; j + W <= dim; j += W) {
+              S::store(y + j, S::mul(S::mul(S::load(w + j), S::mul(S::load(orow + j), vinv)),
+                                     cpu::silu_v<S>(S::load(zr + j))));
+            }
+            for (; j < dim; ++j) y[j] = w[j] * (orow[j] * inv) * cpu::silu(zr[j]);
           }
         },
         row_grain(dim));
@@ -104,21 +111,33 @@ void CpuBackend::add(float* x, const float* y, int64_t n) {
 }
 
 void CpuBackend::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
-  pool_.run(
-      n,
-      [&](int64_t b, int64_t e, int) {
-        for (int64_t i = b; i < e; ++i) out[i] = cpu::silu(gate[i]) * up[i];
-      },
-      kGrain);
+  cpu::with_isa(options_.scalar_kernels, [&](auto isa) {
+    using S = decltype(isa);
+    pool_.run(
+        n,
+        [&](int64_t b, int64_t e, int) {
+          int64_t i = b;
+          for (; i + S::W <= e; i += S::W)
+            S::store(out + i, S::mul(cpu::silu_v<S>(S::load(gate + i)), S::load(up + i)));
+          for (; i < e; ++i) out[i] = cpu::silu(gate[i]) * up[i];
+        },
+        kGrain);
+  });
 }
 
 void CpuBackend::sigmoid_mul(float* x, const float* gate, int64_t n) {
-  pool_.run(
-      n,
-      [&](int64_t b, int64_t e, int) {
-        for (int64_t i = b; i < e; ++i) x[i] *= cpu::sigmoid(gate[i]);
-      },
-      kGrain);
+  cpu::with_isa(options_.scalar_kernels, [&](auto isa) {
+    using S = decltype(isa);
+    pool_.run(
+        n,
+        [&](int64_t b, int64_t e, int) {
+          int64_t i = b;
+          for (; i + S::W <= e; i += S::W)
+            S::store(x + i, S::mul(S::load(x + i), cpu::sigmoid_v<S>(S::load(gate + i))));
+          for (; i < e; ++i) x[i] *= cpu::sigmoid(gate[i]);
+        },
+        kGrain);
+  });
 }
 
 void CpuBackend::scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) {

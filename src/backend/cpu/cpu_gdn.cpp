@@ -34,35 +34,101 @@ struct HeadJob {
   int Dk, Dv;
 };
 
-// S = a S; delta = beta (v - S^T k); S += k delta^T; o = S^T q, one token at a time.
-template <class S_>
+// S = a S; delta = beta (v - S^T k); S += k delta^T; o = S^T q, one token at a time, in two
+// passes over the state: S^T k of the old state (then scaled by a), and the update fused with
+// the output (row i of the new state is a S_i + k_i delta, and o += q_i S_i while it is loaded).
+// NV > 0: Dv = NV vectors exactly, with kS, delta and o held in registers; NV = 0: any Dv.
+template <class S_, int NV>
 void recurrent(const HeadJob& j, float* tmp) {
+  using V = typename S_::V;
+  constexpr int W = S_::W;
+  const int Dv = j.Dv;
   float* kS = tmp;
-  float* delta = tmp + j.Dv;
-  float* o = delta + j.Dv;
+  float* delta = tmp + Dv;
+  float* o = delta + Dv;
   for (int64_t t = j.t0; t < j.t1; ++t) {
     const float* qt = j.q + t * j.qk_stride;
     const float* kt = j.k + t * j.qk_stride;
     const float* vt = j.v + t * j.v_stride;
+    float* ot = j.out + t * j.v_stride;
     const float a = std::exp(j.g[t * j.gb_stride]), bt = j.beta[t * j.gb_stride];
-    std::fill(kS, kS + j.Dv, 0.0f);
-    for (int i = 0; i < j.Dk; ++i) {
-      float* row = j.S + static_cast<int64_t>(i) * j.Dv;
-      cpu::scale_axpy<S_>(row, a, 0.0f, row, j.Dv);
-      cpu::scale_axpy<S_>(kS, 1.0f, kt[i], row, j.Dv);
+    const V va = S_::set1(a), vb = S_::set1(bt);
+    if constexpr (NV > 0) {
+      V acc[NV], dl[NV];
+      TM_UNROLL
+      for (int u = 0; u < NV; ++u) acc[u] = S_::zero();
+      for (int i = 0; i < j.Dk; ++i) {
+        const float* row = j.S + static_cast<int64_t>(i) * Dv;
+        const V vk = S_::set1(kt[i]);
+        TM_UNROLL
+        for (int u = 0; u < NV; ++u) acc[u] = S_::fma(vk, S_::load(row + u * W), acc[u]);
+      }
+      TM_UNROLL
+      for (int u = 0; u < NV; ++u) {
+        dl[u] = S_::mul(vb, S_::sub(S_::load(vt + u * W), S_::mul(va, acc[u])));
+        acc[u] = S_::zero();
+      }
+      for (int i = 0; i < j.Dk; ++i) {
+        float* row = j.S + static_cast<int64_t>(i) * Dv;
+        const V vk = S_::set1(kt[i]), vq = S_::set1(qt[i]);
+        TM_UNROLL
+        for (int u = 0; u < NV; ++u) {
+          const V r = S_::fma(vk, dl[u], S_::mul(va, S_::load(row + u * W)));
+          S_::store(row + u * W, r);
+          acc[u] = S_::fma(vq, r, acc[u]);
+        }
+      }
+      TM_UNROLL
+      for (int u = 0; u < NV; ++u) S_::store(ot + u * W, acc[u]);
+    } else {
+      std::fill(kS, kS + Dv, 0.0f);
+      for (int i = 0; i < j.Dk; ++i) {
+        cpu::scale_axpy<S_>(kS, 1.0f, kt[i], j.S + static_cast<int64_t>(i) * Dv, Dv);
+      }
+      for (int d = 0; d < Dv; ++d) delta[d] = bt * (vt[d] - a * kS[d]);
+      std::fill(o, o + Dv, 0.0f);
+      for (int i = 0; i < j.Dk; ++i) {
+        float* row = j.S + static_cast<int64_t>(i) * Dv;
+        for (int d = 0; d < Dv; ++d) {
+          row[d] = kt[i] * delta[d] + a * row[d];
+          o[d] += qt[i] * row[d];
+        }
+      }
+      std::memcpy(ot, o, static_cast<size_t>(Dv) * 4);
     }
-    for (int d = 0; d < j.Dv; ++d) delta[d] = bt * (vt[d] - kS[d]);
-    std::fill(o, o + j.Dv, 0.0f);
-    for (int i = 0; i < j.Dk; ++i) {
-      float* row = j.S + static_cast<int64_t>(i) * j.Dv;
-      cpu::scale_axpy<S_>(row, 1.0f, kt[i], delta, j.Dv);
-      cpu::scale_axpy<S_>(o, 1.0f, qt[i], row, j.Dv);
-    }
-    std::memcpy(j.out + t * j.v_stride, o, static_cast<size_t>(j.Dv) * 4);
     if (j.steps) {
-      std::memcpy(j.steps + (t - j.t0) * j.steps_stride, j.S, static_cast<size_t>(j.Dk) * j.Dv * 4);
+      std::memcpy(j.steps + (t - j.t0) * j.steps_stride, j.S, static_cast<size_t>(j.Dk) * Dv * 4);
     }
   }
+}
+
+// Runs recurrent<S_, Dv / W> when Dv is 1..8 whole vectors, else the generic form.
+template <class S_>
+void recurrent_any(const HeadJob& j, float* tmp) {
+  constexpr int W = S_::W;
+  if (W > 1 && j.Dv % W == 0) {
+    switch (j.Dv / W) {
+      case 1:
+        return recurrent<S_, 1>(j, tmp);
+      case 2:
+        return recurrent<S_, 2>(j, tmp);
+      case 3:
+        return recurrent<S_, 3>(j, tmp);
+      case 4:
+        return recurrent<S_, 4>(j, tmp);
+      case 5:
+        return recurrent<S_, 5>(j, tmp);
+      case 6:
+        return recurrent<S_, 6>(j, tmp);
+      case 7:
+        return recurrent<S_, 7>(j, tmp);
+      case 8:
+        return recurrent<S_, 8>(j, tmp);
+      default:
+        break;
+    }
+  }
+  recurrent<S_, 0>(j, tmp);
 }
 
 size_t chunked_scratch_floats(int Dv) {
@@ -149,33 +215,65 @@ void CpuBackend::conv1d_silu(const GDNStateView& st, const SeqLayout& seqs, cons
   const int64_t C = st.channels;
   const int K = st.kernel, Km1 = K - 1;
   const int64_t blocks = (C + kConvChannelBlock - 1) / kConvChannelBlock;
-  pool_.run(
-      static_cast<int64_t>(seqs.n_seqs) * blocks,
-      [&](int64_t b, int64_t e, int) {
-        for (int64_t item = b; item < e; ++item) {
-          const int s = static_cast<int>(item / blocks);
-          const int64_t c0 = (item % blocks) * kConvChannelBlock;
-          const int64_t c1 = std::min(C, c0 + kConvChannelBlock);
-          const int64_t t0 = seqs.cu_seqlens[s], L = seqs.cu_seqlens[s + 1] - t0;
-          if (L == 0) continue;
-          float* state = st.conv + static_cast<int64_t>(slots[s]) * C * Km1;
-          for (int64_t c = c0; c < c1; ++c) {
-            float* sc = state + c * Km1;
-            const float* w = weight + c * K;
-            // Input j of the sequence (j < 0: from the state, oldest first).
-            auto u = [&](int64_t jj) { return jj < 0 ? sc[Km1 + jj] : x[(t0 + jj) * C + c]; };
-            float next[16];
-            for (int i = 0; i < Km1; ++i) next[i] = u(L - Km1 + i);
-            for (int64_t t = 0; t < L; ++t) {
-              float acc = 0.0f;
-              for (int i = 0; i < K; ++i) acc += w[i] * u(t - Km1 + i);
-              out[(t0 + t) * C + c] = cpu::silu(acc);
+  cpu::with_isa(options_.scalar_kernels, [&](auto isa) {
+    using S = decltype(isa);
+    pool_.run(
+        static_cast<int64_t>(seqs.n_seqs) * blocks,
+        [&](int64_t b, int64_t e, int) {
+          for (int64_t item = b; item < e; ++item) {
+            const int s = static_cast<int>(item / blocks);
+            const int64_t c0 = (item % blocks) * kConvChannelBlock;
+            const int64_t c1 = std::min(C, c0 + kConvChannelBlock);
+            const int64_t t0 = seqs.cu_seqlens[s], L = seqs.cu_seqlens[s + 1] - t0;
+            if (L == 0) continue;
+            float* state = st.conv + static_cast<int64_t>(slots[s]) * C * Km1;
+            // Pre-activations channel by channel (the state is channel-major), then SiLU over
+            // each row's slice of channels as vectors.
+            if (L == 1 && K == 4) {  // decode with Qwen3.5's kernel size: no per-channel loops
+              const float* xr = x + t0 * C;
+              float* o = out + t0 * C;
+              for (int64_t c = c0; c < c1; ++c) {
+                float* sc = state + c * 3;
+                const float* w = weight + c * 4;
+                const float s0 = sc[0], s1 = sc[1], s2 = sc[2], xc = xr[c];
+                // The same accumulation order as the general path below (bit-identical
+                // results whatever the split of a sequence into calls).
+                float acc = 0.0f;
+                acc += w[0] * s0;
+                acc += w[1] * s1;
+                acc += w[2] * s2;
+                acc += w[3] * xc;
+                o[c] = acc;
+                sc[0] = s1;
+                sc[1] = s2;
+                sc[2] = xc;
+              }
+            } else {
+              for (int64_t c = c0; c < c1; ++c) {
+                float* sc = state + c * Km1;
+                const float* w = weight + c * K;
+                // Input j of the sequence (j < 0: from the state, oldest first).
+                auto u = [&](int64_t jj) { return jj < 0 ? sc[Km1 + jj] : x[(t0 + jj) * C + c]; };
+                float next[16];
+                for (int i = 0; i < Km1; ++i) next[i] = u(L - Km1 + i);
+                for (int64_t t = 0; t < L; ++t) {
+                  float acc = 0.0f;
+                  for (int i = 0; i < K; ++i) acc += w[i] * u(t - Km1 + i);
+                  out[(t0 + t) * C + c] = acc;
+                }
+                std::memcpy(sc, next, static_cast<size_t>(Km1) * 4);
+              }
             }
-            std::memcpy(sc, next, static_cast<size_t>(Km1) * 4);
+            for (int64_t t = 0; t < L; ++t) {
+              float* o = out + (t0 + t) * C;
+              int64_t c = c0;
+              for (; c + S::W <= c1; c += S::W) S::store(o + c, cpu::silu_v<S>(S::load(o + c)));
+              for (; c < c1; ++c) o[c] = cpu::silu(o[c]);
+            }
           }
-        }
-      },
-      1);
+        },
+        1);
+  });
 }
 
 void CpuBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs,
@@ -217,7 +315,7 @@ void CpuBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs,
             if (use_chunks) {
               chunked<S>(j, thread_scratch(worker));
             } else {
-              recurrent<S>(j, thread_scratch(worker));
+              recurrent_any<S>(j, thread_scratch(worker));
             }
           }
         },

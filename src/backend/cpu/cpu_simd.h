@@ -38,8 +38,11 @@ struct ScalarIsa {
   static V load(const float* p) { return *p; }
   static void store(float* p, V v) { *p = v; }
   static V add(V a, V b) { return a + b; }
+  static V sub(V a, V b) { return a - b; }
   static V mul(V a, V b) { return a * b; }
   static V fma(V a, V b, V c) { return a * b + c; }
+  static V div(V a, V b) { return a / b; }
+  static V exp(V x) { return std::exp(x); }
   static float reduce(V v) { return v; }
   static V load_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
   static V load_f16(const uint16_t* p) { return f16_to_f32(*p); }
@@ -62,8 +65,27 @@ struct Avx512Isa {
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  // e^x to ~1 ulp (Cephes expf: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial in r, then
+  // 2^n by vscalefps, which gives 0 below ~-104 and +inf above ~88.7; NaN stays NaN).
+  static V exp(V x) {
+    x = _mm512_min_ps(_mm512_set1_ps(100.0f), _mm512_max_ps(_mm512_set1_ps(-110.0f), x));
+    const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    V p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+  }
   static float reduce(V v) { return _mm512_reduce_add_ps(v); }
   // bf16 -> f32 is a 16-bit left shift of the widened value.
   static V load_bf16(const uint16_t* p) {
@@ -95,8 +117,30 @@ struct Avx2Isa {
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  // e^x to ~1 ulp as in Avx512Isa::exp; 2^n is built in the exponent field, so x is clamped to
+  // [-87.3, 88.7] (results near FLT_MIN and FLT_MAX there instead of 0 and +inf).
+  static V exp(V x) {
+    const V nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    x = _mm256_min_ps(_mm256_set1_ps(88.7f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
+    const V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    V r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    V p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_or_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), nan);
+  }
   static float reduce(V v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -173,6 +217,14 @@ inline float silu(float x) {
 }
 inline float sigmoid(float x) {
   return 1.0f / (1.0f + std::exp(-x));
+}
+template <class S>
+inline typename S::V silu_v(typename S::V x) {
+  return S::div(x, S::add(S::set1(1.0f), S::exp(S::sub(S::zero(), x))));
+}
+template <class S>
+inline typename S::V sigmoid_v(typename S::V x) {
+  return S::div(S::set1(1.0f), S::add(S::set1(1.0f), S::exp(S::sub(S::zero(), x))));
 }
 
 }  // namespace tokenmill::cpu

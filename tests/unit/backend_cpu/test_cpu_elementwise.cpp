@@ -1,5 +1,6 @@
 // Normalisations and elementwise ops against double-precision formulas (1e-5 relative: one F32
 // reduction of <= 300 terms and a few roundings per element).
+#include "backend/cpu/cpu_simd.h"
 #include "cpu_test_util.h"
 
 namespace tokenmill {
@@ -37,6 +38,38 @@ TEST(CpuElementwise, RmsnormPlainGatedAndL2) {
       }
     }
   }
+}
+
+// The vector e^x the activations use: within 2 ulp of the exact value over the whole float
+// range where the result is normal, 0 / +inf beyond it, NaN for NaN.
+TEST(CpuElementwise, VectorExpIsAccurate) {
+  using S = cpu::BestIsa;
+  constexpr int W = S::W;
+  std::vector<float> xs;
+  for (double x = -87.0; x <= 88.5; x += 0.00137) xs.push_back(static_cast<float>(x));
+  for (float x : {0.0f, -0.0f, 1e-30f, -1e-30f, 0.5f * 0.693147f, -0.5f * 0.693147f, 88.7f})
+    xs.push_back(x);
+  while (xs.size() % W) xs.push_back(0.0f);
+  double worst_ulp = 0;
+  for (size_t i = 0; i < xs.size(); i += W) {
+    float out[W];
+    S::store(out, S::exp(S::load(&xs[i])));
+    for (int l = 0; l < W; ++l) {
+      const double ref = std::exp(static_cast<double>(xs[i + l]));
+      const double ulp = std::ldexp(1.0, std::ilogb(ref) - 23);
+      worst_ulp = std::max(worst_ulp, std::fabs(out[l] - ref) / ulp);
+    }
+  }
+  EXPECT_LE(worst_ulp, 2.0) << S::kName;
+  alignas(64) float special[16] = {-120.0f, -1000.0f, 120.0f, 1000.0f, NAN};
+  float out[16];
+  for (int i = 0; i < 16; i += W) S::store(out + i, S::exp(S::load(special + i)));
+  EXPECT_LT(out[0], 1e-37f);
+  EXPECT_LT(out[1], 1e-37f);
+  EXPECT_GE(out[0], 0.0f);
+  EXPECT_GT(out[2], 3e38f);  // +inf with AVX-512, FLT_MAX-ish with AVX2
+  EXPECT_GT(out[3], 3e38f);
+  EXPECT_TRUE(std::isnan(out[4]));
 }
 
 TEST(CpuElementwise, ActivationsAndRowOps) {
