@@ -1,0 +1,133 @@
+// Decode matmul bandwidth on any backend: Backend::linear (and linear_multi) at n = 1, 4 and 16
+// activation rows over Qwen3.5-27B-sized matrices in bf16, 4-bit and 8-bit, rotating through
+// enough copies that the weights never sit in a cache (>= 512 MB per format). Prints the
+// weight GB/s of each kernel and its share of the read bandwidth Backend::read_probe measures
+// on the same device. Weights are dummy values filled where they live (Backend::fill_random).
+//
+//   tm_bench_linear_ops [--device cpu|cuda|auto] [--reps N]
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "app/backend_select.h"
+#include "app/bench_probe.h"
+
+namespace {
+
+using namespace tokenmill;
+using Clock = std::chrono::steady_clock;
+
+struct Format {
+  const char* name;
+  int bits;  // 0 = bf16
+};
+
+// `copies` device matrices of one shape and format, filled with random values.
+std::vector<Weight> make_weights(Backend& be, const Format& f, int64_t rows, int64_t cols,
+                                 int copies, std::vector<void*>& owned) {
+  std::vector<Weight> ws;
+  for (int c = 0; c < copies; ++c) {
+    Weight w;
+    w.rows = rows;
+    w.cols = cols;
+    auto make = [&](DType dt, int64_t n, float sd, uint64_t seed) {
+      void* p = be.alloc(static_cast<size_t>(n) * dtype_size(dt));
+      owned.push_back(p);
+      be.fill_random(p, dt, n, sd, seed);
+      return p;
+    };
+    if (f.bits == 0) {
+      w.dtype = DType::BF16;
+      w.data = make(DType::BF16, rows * cols, 0.02f, 10 + c);
+    } else {
+      w.dtype = DType::U32;
+      w.bits = f.bits;
+      w.group = 64;
+      w.scale_dtype = DType::BF16;
+      w.data = make(DType::U32, rows * cols * f.bits / 32, 0.0f, 20 + c);
+      w.scales = make(DType::BF16, rows * (cols / 64), 0.001f, 30 + c);
+      w.biases = make(DType::BF16, rows * (cols / 64), 0.01f, 40 + c);
+    }
+    ws.push_back(w);
+  }
+  return ws;
+}
+
+// Best GB/s of weight bytes over `reps` passes through all copies.
+double time_linear(Backend& be, const std::vector<Weight>& ws, const float* x, int64_t n,
+                   float* out, int reps) {
+  double best = 0;
+  for (int r = 0; r < reps + 1; ++r) {
+    be.synchronize();
+    const auto t0 = Clock::now();
+    for (const Weight& w : ws) be.linear(x, n, w, out);
+    be.synchronize();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r > 0)
+      best = std::max(best, static_cast<double>(ws.size() * ws[0].total_bytes()) / s / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Decode matmul bandwidth of a backend"};
+  app::DeviceOptions dev;
+  int reps = 5;
+  app::add_device_options(app, dev);
+  app.add_option("--reps", reps, "Timed passes (best is reported)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  app::BackendHandle h = app::make_backend(dev);
+  Backend& be = *h.backend;
+  const double bw = app::measure_read_bandwidth(be, *h.pool);
+  std::printf("%s\nread bandwidth (read_probe): %.1f GB/s\n\n", be.name().c_str(), bw);
+
+  const int64_t H = 5120, I = 17408;  // the 27B shape: MLP up (I x H) and down (H x I)
+  void* x = be.alloc(static_cast<size_t>(16 * I) * 4);
+  void* out = be.alloc(static_cast<size_t>(16 * I) * 4 * 3);
+  be.fill_random(x, DType::F32, 16 * I, 1.0f, 1);
+  std::printf("%-8s %-14s %6s %10s %8s\n", "format", "shape", "rows", "GB/s", "% bw");
+  for (const Format& f : {Format{"bf16", 0}, Format{"q4g64", 4}, Format{"q8g64", 8}}) {
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{I, H}, {H, I}}) {
+      std::vector<void*> owned;
+      const double bytes = f.bits ? rows * cols * (f.bits / 8.0 + 4.0 / 64) : rows * cols * 2.0;
+      const int copies = static_cast<int>(std::max(2.0, 512e6 / bytes));
+      std::vector<Weight> ws = make_weights(be, f, rows, cols, copies, owned);
+      for (int64_t n : {1, 4, 16}) {
+        const double gbs =
+            time_linear(be, ws, static_cast<const float*>(x), n, static_cast<float*>(out), reps);
+        std::printf("%-8s %6lldx%-7lld %6lld %10.1f %7.1f%%\n", f.name,
+                    static_cast<long long>(rows), static_cast<long long>(cols),
+                    static_cast<long long>(n), gbs, 100.0 * gbs / bw);
+      }
+      if (rows == I) {  // gate and up of one layer in one call, as the model runs them
+        double best = 0;
+        for (int r = 0; r < reps + 1; ++r) {
+          be.synchronize();
+          const auto t0 = Clock::now();
+          for (size_t c = 0; c + 1 < ws.size(); c += 2) {
+            const Weight* pair[] = {&ws[c], &ws[c + 1]};
+            float* outs[] = {static_cast<float*>(out), static_cast<float*>(out) + I};
+            be.linear_multi(static_cast<const float*>(x), 1, pair, outs, 2);
+          }
+          be.synchronize();
+          const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+          const double moved = static_cast<double>(ws.size() / 2 * 2 * ws[0].total_bytes());
+          if (r > 0) best = std::max(best, moved / s / 1e9);
+        }
+        std::printf("%-8s %-14s %6d %10.1f %7.1f%%\n", f.name, "multi 2x up", 1, best,
+                    100.0 * best / bw);
+      }
+      be.synchronize();
+      for (void* p : owned) be.free(p);
+    }
+  }
+  be.free(x);
+  be.free(out);
+  return 0;
+}
