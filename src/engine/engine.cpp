@@ -39,6 +39,7 @@ struct Engine::Impl {
   std::deque<std::unique_ptr<Sequence>> waiting;
   std::vector<std::unique_ptr<Sequence>> running;
   std::vector<float> logits;
+  std::vector<float> work;  // the logits a sampler may modify (penalties, masks)
   std::vector<uint8_t> allowed;
   std::thread thread;
 
@@ -292,7 +293,6 @@ void Engine::Impl::step() {
     }
     // Choose the next token: a forced end of reasoning, or a (constrained) sample.
     int32_t tok;
-    std::vector<float> work(lrow, lrow + V);
     if (s.req.reasoning_budget >= 0 && s.in_reasoning &&
         s.reasoning_tokens >= s.req.reasoning_budget && s.req.think_end_token >= 0) {
       tok = s.req.think_end_token;
@@ -303,7 +303,12 @@ void Engine::Impl::step() {
         s.req.constraint->mask(allowed);
         mask = allowed.data();
       }
-      tok = s.sampler->sample(work.data(), V, mask);
+      if (mask == nullptr && s.sampler->plain_greedy()) {
+        tok = argmax(lrow, V);  // what sample() returns, without copying the logits
+      } else {
+        work.assign(lrow, lrow + V);
+        tok = s.sampler->sample(work.data(), V, mask);
+      }
     }
     if (s.req.sampling.logprobs >= 0) {
       ev.logprob = token_logprob(lrow, V, tok, s.req.sampling.logprobs, &ev.top);

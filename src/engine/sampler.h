@@ -26,6 +26,12 @@ class Sampler {
 
   const SamplingParams& params() const { return p_; }
   bool greedy() const { return p_.temperature <= 0.0f; }
+  // Greedy without penalties: sample() is argmax(logits) and leaves them unchanged, so callers
+  // may skip copying the logits.
+  bool plain_greedy() const {
+    return greedy() && p_.repetition_penalty == 1.0f && p_.presence_penalty == 0.0f &&
+           p_.frequency_penalty == 0.0f;
+  }
 
  private:
   void apply_penalties(float* logits, int vocab) const;
@@ -35,6 +41,10 @@ class Sampler {
   std::unordered_map<int32_t, int> output_counts_;
   std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
 };
+
+// Index of the largest logit, the lowest index among equals (std::max_element's choice, NaN
+// included), with independent partial maxima (several times faster over a large vocabulary).
+int32_t argmax(const float* logits, int vocab);
 
 // Raw log-softmax of `logits` at `token`, and the top `k` entries (k may be 0).
 float token_logprob(const float* logits, int vocab, int32_t token, int k,

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 
 #include "engine/sampler.h"
 
@@ -38,6 +39,27 @@ TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
   Sampler s(p, 1, {});
   std::vector<float> l = {0.5f, 3.0f, 3.0f, 1.0f};
   EXPECT_EQ(s.sample(l.data(), 4, nullptr), 1);
+}
+
+// argmax (greedy's pick, also used by the engine without copying the logits) is exactly
+// std::max_element: lowest index among equal maxima, -0 == +0, NaN skipped except at index 0.
+TEST(Sampler, ArgmaxIsMaxElement) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> small(-3, 3);
+  for (int vocab : {1, 2, 7, 8, 9, 17, 100, 32768}) {
+    for (int rep = 0; rep < 20; ++rep) {
+      std::vector<float> l(static_cast<size_t>(vocab));
+      for (float& x : l) x = static_cast<float>(small(rng));  // many ties
+      if (rep % 4 == 1) l[rng() % vocab] = NAN;
+      if (rep % 4 == 2) l[0] = NAN;
+      if (rep % 4 == 3) {
+        for (float& x : l) x = x > 0 ? -0.0f : x;  // maxima -0 and +0 mixed
+        l[rng() % vocab] = 0.0f;
+      }
+      const auto want = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+      ASSERT_EQ(argmax(l.data(), vocab), want) << "vocab " << vocab << " rep " << rep;
+    }
+  }
 }
 
 TEST(Sampler, TemperatureMatchesSoftmax) {
