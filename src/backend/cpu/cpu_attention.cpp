@@ -126,53 +126,83 @@ void CpuBackend::attention(const KVLayerView& kv, const KVPaging& paging, const 
            kv.kv_heads);
   TM_CHECK(kv.block_size > 0, "kv block size {}", kv.block_size);
   map_tokens(seqs, index_scratch_);
-  const int D = kv.head_dim, r = heads / kv.kv_heads;
+  const int T = seqs.n_tokens, D = kv.head_dim, r = heads / kv.kv_heads;
   const int64_t row_stride = static_cast<int64_t>(kv.kv_heads) * D;  // between positions
-  // Per thread: accumulators [r, D], scores [r, kTile], running max and sum [r] each, and the
-  // tile's cache row offsets [kTile] (int64, at an even float offset).
-  const size_t rows_at = (static_cast<size_t>(r) * (D + kTile + 2) + 1) / 2 * 2;
+  // Work items are (token, chunk of its positions), every head at once, so a thread reads whole
+  // cache rows of consecutive positions. With few tokens (decode) the context is cut into
+  // chunks so that every thread gets several; each chunk leaves a partial softmax (max, sum,
+  // unnormalised output) per head and a second pass merges them. With many tokens a token is
+  // one item and writes its output directly.
+  const int threads = pool_.size();
+  int64_t chunk = std::numeric_limits<int32_t>::max();
+  if (static_cast<int64_t>(T) < 4 * threads) {
+    const int64_t want = (4 * threads + T - 1) / T;  // chunks per token
+    chunk = std::max<int64_t>(kTile, (paging.max_context_len + want - 1) / want);
+    chunk = (chunk + kTile - 1) / kTile * kTile;
+  }
+  // Items of token t: [first[t], first[t + 1]), chunk c covering [c * chunk, ...) up to pos.
+  attn_first_.resize(static_cast<size_t>(T) + 1);
+  attn_first_[0] = 0;
+  for (int t = 0; t < T; ++t) {
+    const int64_t pos = seqs.positions[t];
+    TM_CHECK(pos >= 0, "query at position {}", pos);
+    attn_first_[t + 1] = attn_first_[t] + (pos / chunk + 1);
+  }
+  const int64_t items = attn_first_[T];
+  const int64_t part = static_cast<int64_t>(heads) * (D + 2);  // acc [heads, D], max, sum
+  float* partials = items > T ? shared_scratch(static_cast<size_t>(items * part)) : nullptr;
+  // Per thread: scores [heads, kTile], max and sum [heads], the item's accumulators [heads, D]
+  // when it writes out directly, and the tile's cache row offsets [kTile] (int64, at an even
+  // float offset).
+  const size_t rows_at = (static_cast<size_t>(heads) * (kTile + 2 + D) + 1) / 2 * 2;
   reserve_thread_scratch(rows_at + 2 * kTile);
   cpu::with_isa(options_.scalar_kernels, [&](auto isa) {
     using S = decltype(isa);
     constexpr int W = S::W;
     pool_.run(
-        static_cast<int64_t>(seqs.n_tokens) * kv.kv_heads,
+        items,
         [&](int64_t b, int64_t e, int worker) {
-          float* acc = thread_scratch(worker);
-          float* sc = acc + static_cast<int64_t>(r) * D;
-          float* mx = sc + static_cast<int64_t>(r) * kTile;
-          float* sum = mx + r;
-          auto* rows = reinterpret_cast<int64_t*>(acc + rows_at);
+          float* sc = thread_scratch(worker);
+          float* mx = sc + static_cast<int64_t>(heads) * kTile;
+          float* sum = mx + heads;
+          float* own_acc = sum + heads;
+          auto* rows = reinterpret_cast<int64_t*>(sc + rows_at);
+          int t = 0;
           for (int64_t item = b; item < e; ++item) {
-            const int64_t t = item / kv.kv_heads;
-            const int kvh = static_cast<int>(item % kv.kv_heads);
+            while (attn_first_[t + 1] <= item) ++t;
             const int s = index_scratch_[static_cast<size_t>(t)];
             TM_CHECK(s >= 0, "token {} belongs to no sequence", t);
             const int64_t pos = seqs.positions[t];
-            TM_CHECK(pos >= 0 && pos < paging.context_lens[s],
+            TM_CHECK(pos < paging.context_lens[s],
                      "query at position {} but sequence {} holds {} cached tokens", pos, s,
                      paging.context_lens[s]);
-            const float* qh = q + (t * heads + static_cast<int64_t>(kvh) * r) * D;
-            std::fill(acc, acc + static_cast<int64_t>(r) * D, 0.0f);
-            for (int h = 0; h < r; ++h) {
+            const bool direct = attn_first_[t + 1] - attn_first_[t] == 1;
+            float* acc = direct ? own_acc : partials + item * part;
+            const int64_t c0 = (item - attn_first_[t]) * chunk;
+            const int64_t c1 = std::min(pos + 1, c0 + chunk);
+            const float* qt = q + static_cast<int64_t>(t) * heads * D;
+            std::fill(acc, acc + static_cast<int64_t>(heads) * D, 0.0f);
+            for (int h = 0; h < heads; ++h) {
               mx[h] = -std::numeric_limits<float>::infinity();
               sum[h] = 0.0f;
             }
-            for (int64_t p0 = 0; p0 <= pos; p0 += kTile) {
-              const int n = static_cast<int>(std::min<int64_t>(kTile, pos + 1 - p0));
+            for (int64_t p0 = c0; p0 < c1; p0 += kTile) {
+              const int n = static_cast<int>(std::min<int64_t>(kTile, c1 - p0));
               // Cache offsets of the tile's positions: one block-table lookup per block.
               for (int j = 0; j < n;) {
                 const int64_t row0 = cache_row(kv, paging, s, p0 + j);
                 const int in_block = static_cast<int>((p0 + j) % kv.block_size);
                 const int m = std::min(n - j, kv.block_size - in_block);
-                for (int i = 0; i < m; ++i, ++j) rows[j] = (row0 + kvh) * D + i * row_stride;
+                for (int i = 0; i < m; ++i, ++j) rows[j] = row0 * D + i * row_stride;
               }
               for (int j = 0; j < n; ++j) {
-                const float* kp = kv.k + rows[j];
-                for (int h = 0; h < r; ++h)
-                  sc[h * kTile + j] = scale * cpu::dot<S>(qh + h * D, kp, D);
+                for (int g = 0; g < kv.kv_heads; ++g) {
+                  const float* kp = kv.k + rows[j] + static_cast<int64_t>(g) * D;
+                  for (int h = g * r; h < (g + 1) * r; ++h)
+                    sc[h * kTile + j] = scale * cpu::dot<S>(qt + h * D, kp, D);
+                }
               }
-              for (int h = 0; h < r; ++h) {
+              for (int h = 0; h < heads; ++h) {
                 float* sh = sc + h * kTile;
                 float m = mx[h];
                 for (int j = 0; j < n; ++j) m = std::max(m, sh[j]);
@@ -194,18 +224,53 @@ void CpuBackend::attention(const KVLayerView& kv, const KVPaging& paging, const 
                 for (; j < n; ++j) tail += (sh[j] = std::exp(sh[j] - m));
                 sum[h] += S::reduce(vs) + tail;
               }
-              for (int h = 0; h < r; ++h)
-                accumulate_pv_row<S>(acc + h * D, sc + h * kTile, kv.v, rows, n, D);
+              for (int h = 0; h < heads; ++h) {
+                const float* vg = kv.v + static_cast<int64_t>(h / r) * D;
+                accumulate_pv_row<S>(acc + h * D, sc + h * kTile, vg, rows, n, D);
+              }
             }
-            for (int h = 0; h < r; ++h) {
-              float* o = out + (t * heads + static_cast<int64_t>(kvh) * r + h) * D;
-              const float inv = 1.0f / sum[h];
-              for (int d = 0; d < D; ++d) o[d] = acc[h * D + d] * inv;
+            if (direct) {
+              for (int h = 0; h < heads; ++h) {
+                float* o = out + (static_cast<int64_t>(t) * heads + h) * D;
+                const float inv = 1.0f / sum[h];
+                for (int d = 0; d < D; ++d) o[d] = acc[h * D + d] * inv;
+              }
+            } else {
+              float* ms = acc + static_cast<int64_t>(heads) * D;
+              for (int h = 0; h < heads; ++h) {
+                ms[2 * h] = mx[h];
+                ms[2 * h + 1] = sum[h];
+              }
             }
           }
         },
         1);
   });
+  if (partials == nullptr) return;
+  // Merge the chunks of each split token: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
+  pool_.run(
+      static_cast<int64_t>(T) * heads,
+      [&](int64_t b, int64_t e, int) {
+        for (int64_t item = b; item < e; ++item) {
+          const int t = static_cast<int>(item / heads), h = static_cast<int>(item % heads);
+          const int64_t f0 = attn_first_[t], f1 = attn_first_[t + 1];
+          if (f1 - f0 == 1) continue;  // written directly
+          float M = -std::numeric_limits<float>::infinity();
+          for (int64_t c = f0; c < f1; ++c) M = std::max(M, partials[c * part + heads * D + 2 * h]);
+          float* o = out + (static_cast<int64_t>(t) * heads + h) * D;
+          std::fill(o, o + D, 0.0f);
+          float L = 0.0f;
+          for (int64_t c = f0; c < f1; ++c) {
+            const float* pc = partials + c * part;
+            const float w = std::exp(pc[heads * D + 2 * h] - M);
+            L += w * pc[heads * D + 2 * h + 1];
+            for (int d = 0; d < D; ++d) o[d] += w * pc[h * D + d];
+          }
+          const float inv = 1.0f / L;
+          for (int d = 0; d < D; ++d) o[d] *= inv;
+        }
+      },
+      1);
 }
 
 }  // namespace tokenmill

@@ -55,6 +55,8 @@ class CpuBackend final : public Backend {
                float eps) override;
   void rmsnorm_gated(const float* o, const float* z, const float* w, float* out, int64_t rows,
                      int dim, float eps) override;
+  void add_rmsnorm(float* x, const float* y, const float* w, float* out, int64_t rows, int dim,
+                   float eps) override;
   void l2norm(float* x, int64_t rows, int dim, float eps, float scale) override;
   void copy_rows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
                  int64_t cols) override;
@@ -65,6 +67,10 @@ class CpuBackend final : public Backend {
   void scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) override;
 
   void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) override;
+  // Decode (n <= kGemvMaxRows): one parallel GEMV over the rows of all the matrices, with x
+  // prepared once per weight layout. Larger n: linear() per matrix.
+  void linear_multi(const float* x, int64_t n, const Weight* const* ws, float* const* outs,
+                    int count) override;
 
   void rope(float* x, const int32_t* positions, int n_tokens, int heads, int head_dim,
             int64_t token_stride, int rot_dim, float theta) override;
@@ -107,6 +113,7 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> thread_scratch_;
   std::vector<float> shared_;
   std::vector<int32_t> index_scratch_;
+  std::vector<int64_t> attn_first_;   // attention: first work item of each token
   std::vector<int32_t> moe_rows_;     // per (token, slot): its row in the expert-sorted order
   std::vector<int64_t> moe_offsets_;  // [experts + 1] first sorted row of each expert
   std::vector<int64_t> moe_fill_;

@@ -61,6 +61,28 @@ void CpuBackend::rmsnorm_gated(const float* o, const float* z, const float* w, f
   });
 }
 
+void CpuBackend::add_rmsnorm(float* x, const float* y, const float* w, float* out, int64_t rows,
+                             int dim, float eps) {
+  TM_CHECK(out != x && out != y, "add_rmsnorm: out must not alias x or y");
+  cpu::with_isa(options_.scalar_kernels, [&](auto isa) {
+    using S = decltype(isa);
+    pool_.run(
+        rows,
+        [&](int64_t b, int64_t e, int) {
+          for (int64_t r = b; r < e; ++r) {
+            float* xr = x + r * dim;
+            const float* yr = y + r * dim;
+            float* o = out + r * dim;
+            for (int j = 0; j < dim; ++j) xr[j] += yr[j];
+            // The same arithmetic as add() then rmsnorm().
+            const float inv = 1.0f / std::sqrt(cpu::dot<S>(xr, xr, dim) / dim + eps);
+            for (int j = 0; j < dim; ++j) o[j] = xr[j] * inv * w[j];
+          }
+        },
+        row_grain(dim));
+  });
+}
+
 void CpuBackend::l2norm(float* x, int64_t rows, int dim, float eps, float scale) {
   cpu::with_isa(options_.scalar_kernels, [&](auto isa) {
     using S = decltype(isa);

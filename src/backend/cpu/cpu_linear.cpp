@@ -140,6 +140,62 @@ void CpuBackend::linear_strided(const float* x, int64_t ldx, int64_t n, const We
       1);
 }
 
+void CpuBackend::linear_multi(const float* x, int64_t n, const Weight* const* ws,
+                              float* const* outs, int count) {
+  if (n <= 0 || count <= 0) return;
+  constexpr int kMaxParts = 8;
+  if (n > kGemvMaxRows || count == 1 || count > kMaxParts) {
+    for (int i = 0; i < count; ++i) linear(x, n, *ws[i], outs[i]);
+    return;
+  }
+  const bool scalar = options_.scalar_kernels;
+  struct Part {
+    cpu::MatView m;
+    const float* prep;
+    float* out;
+    int64_t row0;  // first row of this matrix in the concatenated row range
+  };
+  Part parts[kMaxParts];
+  // x prepared once per distinct layout (bits, group, cols): the matrices of one call usually
+  // share it.
+  size_t prep_floats = 0;
+  for (int i = 0; i < count; ++i) {
+    parts[i].m = cpu::resolve(*ws[i], 0);
+    TM_CHECK(parts[i].m.cols == parts[0].m.cols, "linear_multi: matrices of {} and {} columns",
+             parts[0].m.cols, parts[i].m.cols);
+    prep_floats += cpu::gemv_prep_floats(parts[i].m, n);
+  }
+  float* prep = shared_scratch(prep_floats);
+  int64_t rows = 0;
+  for (int i = 0; i < count; ++i) {
+    Part& p = parts[i];
+    p.out = outs[i];
+    p.row0 = rows;
+    rows += p.m.rows;
+    p.prep = nullptr;
+    for (int j = 0; j < i && p.m.bits > 0; ++j) {
+      if (parts[j].m.bits == p.m.bits && parts[j].m.group == p.m.group) p.prep = parts[j].prep;
+    }
+    if (p.prep == nullptr && p.m.bits > 0) {
+      cpu::gemv_prepare(scalar, p.m, x, p.m.cols, n, prep);
+      p.prep = prep;
+      prep += cpu::gemv_prep_floats(p.m, n);
+    }
+  }
+  pool_.run(
+      rows,
+      [&](int64_t b, int64_t e, int) {
+        for (int i = 0; i < count; ++i) {
+          const Part& p = parts[i];
+          const int64_t r0 = std::max(b, p.row0), r1 = std::min(e, p.row0 + p.m.rows);
+          if (r0 >= r1) continue;
+          cpu::gemv_rows(scalar, p.m, x, p.m.cols, p.prep, n, p.out, p.m.rows, r0 - p.row0,
+                         r1 - p.row0);
+        }
+      },
+      16);
+}
+
 void CpuBackend::embed(const Weight& table, const int32_t* ids, int n, float* out) {
   const cpu::MatView m = cpu::resolve(table, 0);
   for (int i = 0; i < n; ++i) {

@@ -78,15 +78,15 @@ void append(CpuBackend& be, PagedCase& pc, const std::vector<int>& lens,
   be.kv_append(kv, pg, sl, k.data(), v.data());
 }
 
-TEST(CpuAttention, PagedCausalGqaAcrossBlocks) {
+// Attention of the rows `add` appended after `prev` cached positions per sequence, against a
+// double-precision softmax.
+void check_paged_attention(const std::vector<int>& prev, const std::vector<int>& add) {
   Backends b;
   for (CpuBackend* be : b.all()) {
     Rng rng(11);
     PagedCase pc;
-    // seq 0: fresh prefill of 5; seq 1: decode after 37 cached; seq 2: 30 new after 20 cached
-    // (crossing blocks); seq 3: decode at position 150 (several softmax tiles).
-    pc.prev = {0, 37, 20, 150};
-    pc.add = {5, 1, 30, 1};
+    pc.prev = prev;
+    pc.add = add;
     const int S = 4, total_blocks = S * pc.max_blocks;
     pc.tables.resize(static_cast<size_t>(S * pc.max_blocks));
     std::iota(pc.tables.begin(), pc.tables.end(), 0);
@@ -135,6 +135,18 @@ TEST(CpuAttention, PagedCausalGqaAcrossBlocks) {
       }
     }
   }
+}
+
+TEST(CpuAttention, PagedCausalGqaAcrossBlocks) {
+  // seq 0: fresh prefill of 5; seq 1: decode after 37 cached; seq 2: 30 new after 20 cached
+  // (crossing blocks); seq 3: decode at position 150 (several softmax tiles).
+  check_paged_attention({0, 37, 20, 150}, {5, 1, 30, 1});
+}
+
+TEST(CpuAttention, DecodeSplitsLongContextsIntoMergedChunks) {
+  // Two decode rows (few tokens: the context is split into chunks whose partial softmaxes are
+  // merged): position 37 (one chunk) and position 240 (four chunks, the last one short).
+  check_paged_attention({0, 37, 0, 240}, {0, 1, 0, 1});
 }
 
 TEST(CpuAttention, RejectsQueriesBeyondTheCache) {

@@ -40,6 +40,27 @@ TEST(CpuElementwise, RmsnormPlainGatedAndL2) {
   }
 }
 
+// The fused residual add + norm is add() then rmsnorm(), bit for bit.
+TEST(CpuElementwise, AddRmsnormIsAddThenRmsnorm) {
+  Backends b;
+  Rng rng(42);
+  for (int dim : {7, 256, 768}) {
+    const int rows = 3;
+    std::vector<float> x = rng.normals(rows * dim, 2.0f), y = rng.normals(rows * dim);
+    std::vector<float> w = rng.normals(dim);
+    for (CpuBackend* be : b.all()) {
+      std::vector<float> xf = x, xs = x, of(x.size()), os(x.size());
+      be->add_rmsnorm(xf.data(), y.data(), w.data(), of.data(), rows, dim, 1e-6f);
+      be->add(xs.data(), y.data(), rows * dim);
+      be->rmsnorm(xs.data(), w.data(), os.data(), rows, dim, 1e-6f);
+      for (size_t i = 0; i < x.size(); ++i) {
+        ASSERT_EQ(xf[i], xs[i]) << be->isa() << " dim " << dim;
+        ASSERT_EQ(of[i], os[i]) << be->isa() << " dim " << dim;
+      }
+    }
+  }
+}
+
 // The vector e^x the activations use: within 2 ulp of the exact value over the whole float
 // range where the result is normal, 0 / +inf beyond it, NaN for NaN.
 TEST(CpuElementwise, VectorExpIsAccurate) {
