@@ -13,24 +13,32 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cache/cache_manager.h"
+#include "engine/sampler.h"
 #include "io/checkpoint.h"
 #include "model/model.h"
+#include "util/error.h"
 #include "util/thread_pool.h"
 
 namespace tokenmill::testing {
 
 struct Harness {
   ThreadPool pool{2};
-  std::unique_ptr<Backend> backend = make_cpu_backend(pool);
+  std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   std::unique_ptr<CacheManager> cache;
 
-  explicit Harness(const std::string& dir, int slots = 4, int64_t blocks = 256) {
+  // On the CPU backend.
+  explicit Harness(const std::string& dir, int slots = 4, int64_t blocks = 256)
+      : Harness(dir, nullptr, slots, blocks) {}
+  // On `device` (nullptr: the CPU backend over `pool`).
+  Harness(const std::string& dir, std::unique_ptr<Backend> device, int slots, int64_t blocks)
+      : backend(device ? std::move(device) : make_cpu_backend(pool)) {
     model = Model::load(dir, *backend);
     make_cache(slots, blocks);
   }
-  // A model over an in-memory checkpoint (e.g. synthetic_checkpoint_in_memory).
-  explicit Harness(std::unique_ptr<Checkpoint> ckpt, int slots = 4, int64_t blocks = 256) {
+  // A model over an in-memory checkpoint (e.g. synthetic_checkpoint_in_memory), on the CPU.
+  explicit Harness(std::unique_ptr<Checkpoint> ckpt, int slots = 4, int64_t blocks = 256)
+      : backend(make_cpu_backend(pool)) {
     model = Model::from_checkpoint(std::move(ckpt), *backend);
     make_cache(slots, blocks);
   }
@@ -60,7 +68,7 @@ struct Harness {
         int left = static_cast<int>(seqs[s].size()) - done[s];
         if (left == 0) continue;
         int take = chunk > 0 ? std::min(chunk, left) : left;
-        cache->reserve(blocks[s], done[s] + take);
+        TM_CHECK(cache->reserve(blocks[s], done[s] + take), "harness: KV blocks exhausted");
         std::vector<int32_t> ids(seqs[s].begin() + done[s], seqs[s].begin() + done[s] + take);
         b.add_sequence(ids, done[s], slot[s], blocks[s], true);
         who.push_back(s);
@@ -85,6 +93,15 @@ struct Harness {
     return out;
   }
 };
+
+// Logprob of each next token of `ids` under per-position logits [len, vocab]: [len - 1].
+inline std::vector<double> next_logprobs(const std::vector<int32_t>& ids,
+                                         const std::vector<float>& logits, int vocab) {
+  std::vector<double> lp;
+  for (size_t t = 0; t + 1 < ids.size(); ++t)
+    lp.push_back(token_logprob(&logits[t * vocab], vocab, ids[t + 1], 0, nullptr));
+  return lp;
+}
 
 inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return INFINITY;

@@ -9,10 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "cache/cache_manager.h"
 #include "cuda_test_util.h"
-#include "engine/sampler.h"
-#include "model/model.h"
+#include "support/model_harness.h"
 
 namespace tokenmill::cudatest {
 namespace {
@@ -21,70 +19,10 @@ namespace fs = std::filesystem;
 constexpr double kLogprobTol = 2e-3;
 constexpr double kChunkTol = 1e-3;
 
-// A model and its caches on the CUDA backend; run() as tests/support/model_harness.h (chunks of
-// `chunk` tokens, all sequences advancing in the same forward calls).
-struct DevHarness {
-  std::unique_ptr<Backend> backend = make_cuda_backend(0);
-  std::unique_ptr<Model> model;
-  std::unique_ptr<CacheManager> cache;
-
-  explicit DevHarness(const std::string& dir) {
-    model = Model::load(dir, *backend);
-    CacheOptions o;
-    o.block_size = 16;
-    o.num_blocks = 512;
-    o.num_slots = 8;
-    cache = std::make_unique<CacheManager>(*backend, model->geometry(), o);
-  }
-  int vocab() const { return static_cast<int>(model->config().vocab_size); }
-
-  std::vector<std::vector<float>> run(const std::vector<std::vector<int32_t>>& seqs, int chunk) {
-    const size_t n = seqs.size();
-    std::vector<int> slot(n), done(n, 0);
-    std::vector<std::vector<int32_t>> blocks(n);
-    std::vector<std::vector<float>> out(n);
-    for (size_t s = 0; s < n; ++s) slot[s] = cache->acquire_slot();
-    for (;;) {
-      Batch b;
-      std::vector<size_t> who;
-      std::vector<int> took;
-      for (size_t s = 0; s < n; ++s) {
-        const int left = static_cast<int>(seqs[s].size()) - done[s];
-        if (left == 0) continue;
-        const int take = chunk > 0 ? std::min(chunk, left) : left;
-        EXPECT_TRUE(cache->reserve(blocks[s], done[s] + take));
-        std::vector<int32_t> ids(seqs[s].begin() + done[s], seqs[s].begin() + done[s] + take);
-        b.add_sequence(ids, done[s], slot[s], blocks[s], true);
-        who.push_back(s);
-        took.push_back(take);
-      }
-      if (who.empty()) break;
-      std::vector<float> logits;
-      model->forward(b, cache->views(), &logits);
-      size_t row = 0;
-      for (size_t i = 0; i < who.size(); ++i) {
-        const size_t count = static_cast<size_t>(took[i]) * vocab();
-        out[who[i]].insert(out[who[i]].end(), logits.begin() + row * vocab(),
-                           logits.begin() + row * vocab() + count);
-        row += took[i];
-        done[who[i]] += took[i];
-      }
-    }
-    for (size_t s = 0; s < n; ++s) {
-      cache->release(blocks[s]);
-      cache->release_slot(slot[s]);
-    }
-    return out;
-  }
-
-  // Logprob of each next token, [len - 1].
-  std::vector<double> logprobs(const std::vector<int32_t>& ids, const std::vector<float>& logits) {
-    std::vector<double> lp;
-    for (size_t t = 0; t + 1 < ids.size(); ++t)
-      lp.push_back(token_logprob(&logits[t * vocab()], vocab(), ids[t + 1], 0, nullptr));
-    return lp;
-  }
-};
+std::vector<double> logprobs(testing::Harness& h, const std::vector<int32_t>& ids,
+                             const std::vector<float>& logits) {
+  return testing::next_logprobs(ids, logits, h.vocab());
+}
 
 double worst_diff(const std::vector<double>& a, const std::vector<double>& b) {
   if (a.size() != b.size()) return INFINITY;
@@ -115,7 +53,7 @@ std::vector<std::string> fixture_names() {
 // Sequences (ids) and their reference next-token logprobs from a reference file's entries.
 void check_model(const std::string& dir, const nlohmann::json& entries, const char* lp_key,
                  const std::string& label) {
-  DevHarness h(dir);
+  testing::Harness h(dir, make_cuda_backend(0), 8, 512);
   std::vector<std::vector<int32_t>> seqs;
   std::vector<std::vector<double>> want;
   for (const auto& e : entries) {
@@ -127,9 +65,9 @@ void check_model(const std::string& dir, const nlohmann::json& entries, const ch
   // All sequences in one varlen batch, chunked by 7.
   auto batched = h.run(seqs, 7);
   for (size_t i = 0; i < seqs.size(); ++i) {
-    auto whole = h.logprobs(seqs[i], h.run({seqs[i]}, 0)[0]);
-    auto chunked = h.logprobs(seqs[i], h.run({seqs[i]}, 7)[0]);
-    auto batch = h.logprobs(seqs[i], batched[i]);
+    auto whole = logprobs(h, seqs[i], h.run({seqs[i]}, 0)[0]);
+    auto chunked = logprobs(h, seqs[i], h.run({seqs[i]}, 7)[0]);
+    auto batch = logprobs(h, seqs[i], batched[i]);
     ASSERT_EQ(whole.size(), want[i].size());
     worst_ref = std::max(worst_ref, worst_diff(whole, want[i]));
     worst_ref = std::max(worst_ref, worst_diff(chunked, want[i]));
