@@ -6,6 +6,7 @@
 #include <new>
 
 #include "backend/cpu/cpu_linear.h"
+#include "backend/cpu/cpu_memory.h"
 #include "backend/cpu/cpu_simd.h"
 #include "util/error.h"
 
@@ -16,7 +17,10 @@ std::unique_ptr<Backend> make_cpu_backend(ThreadPool& pool) {
 }
 
 CpuBackend::CpuBackend(ThreadPool& pool, CpuBackendOptions options)
-    : pool_(pool), options_(options), thread_scratch_(static_cast<size_t>(pool.size())) {}
+    : pool_(pool),
+      options_(options),
+      memory_(std::make_unique<cpu::HostMemory>()),
+      thread_scratch_(static_cast<size_t>(pool.size())) {}
 
 CpuBackend::~CpuBackend() = default;
 
@@ -28,10 +32,10 @@ const char* CpuBackend::isa() const {
   return options_.scalar_kernels ? cpu::ScalarIsa::kName : cpu::BestIsa::kName;
 }
 
-// 64-byte aligned (a cache line, and a full AVX-512 vector), rounded up to whole lines.
+// 64-byte aligned (a cache line, and a full AVX-512 vector), in huge pages where the system
+// grants them (cpu_memory.h).
 void* CpuBackend::alloc(size_t bytes) {
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  void* p = memory_->alloc(bytes);
   if (p == nullptr) {
     fail(
         "cpu backend: could not allocate {} bytes of host memory; reduce the cache size or "
@@ -42,7 +46,7 @@ void* CpuBackend::alloc(size_t bytes) {
 }
 
 void CpuBackend::free(void* p) {
-  std::free(p);
+  memory_->free(p);
 }
 
 void CpuBackend::upload(void* dst, const void* src, size_t bytes) {

@@ -18,7 +18,8 @@
 namespace tokenmill {
 namespace cpu {
 struct LinearTask;
-}
+class HostMemory;
+}  // namespace cpu
 
 // The backend the rest of the program uses. `pool` must outlive it.
 std::unique_ptr<Backend> make_cpu_backend(ThreadPool& pool);
@@ -109,6 +110,7 @@ class CpuBackend final : public Backend {
 
   ThreadPool& pool_;
   CpuBackendOptions options_;
+  std::unique_ptr<cpu::HostMemory> memory_;  // what alloc() hands out (cpu_memory.h)
   int gdn_chunk_threshold_ = 64;
   std::vector<std::vector<float>> thread_scratch_;
   std::vector<float> shared_;
