@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_memory.h"
 #include "util/thread_pool.h"
 
 namespace tokenmill {
 namespace cpu {
 struct LinearTask;
-class HostMemory;
-}  // namespace cpu
+}
 
 // The backend the rest of the program uses. `pool` must outlive it.
 std::unique_ptr<Backend> make_cpu_backend(ThreadPool& pool);
@@ -112,8 +112,8 @@ class CpuBackend final : public Backend {
   CpuBackendOptions options_;
   std::unique_ptr<cpu::HostMemory> memory_;  // what alloc() hands out (cpu_memory.h)
   int gdn_chunk_threshold_ = 64;
-  std::vector<std::vector<float>> thread_scratch_;
-  std::vector<float> shared_;
+  std::vector<cpu::AlignedVector<float>> thread_scratch_;  // 64-byte aligned (cpu_memory.h)
+  cpu::AlignedVector<float> shared_;
   std::vector<int32_t> index_scratch_;
   std::vector<int64_t> attn_first_;   // attention: first work item of each token
   std::vector<int32_t> moe_rows_;     // per (token, slot): its row in the expert-sorted order

@@ -21,6 +21,14 @@ namespace {
 template <int P>
 using IC = std::integral_constant<int, P>;
 
+// Floats of prepared x per activation row: the permuted row, then its group sums, padded to a
+// whole number of cache lines so that every row (and every matrix's preparation in a
+// linear_multi buffer) starts on a line boundary (the kernels' full-vector loads of x then never
+// straddle two lines).
+int64_t prep_stride(const MatView& m) {
+  return (m.cols + m.groups + 15) / 16 * 16;
+}
+
 // Scales and biases are converted to F32 for kSbChunk groups of a row at a time, outside the
 // dot-product loop (keeps the dtype switch and the f16 conversion call out of it).
 constexpr int64_t kSbChunk = 64;
@@ -115,7 +123,7 @@ struct NibbleOrder {
 
 template <class S>
 void prepare(const MatView& m, const float* x, int64_t ldx, int64_t n, float* prep) {
-  const int64_t cols = m.cols, G = m.group, stride = cols + m.groups;
+  const int64_t cols = m.cols, G = m.group, stride = prep_stride(m);
 #if defined(__AVX512F__) && defined(__AVX512BW__)
   if constexpr (std::is_same_v<S, Avx512Isa>) {
     if (use_nibble_blocks<S>(m)) {
@@ -178,7 +186,7 @@ void affine_planes(const MatView& m, const float* prep, float* out, int64_t ldo,
   using V = typename S::V;
   constexpr int W = S::W, P = 8 / BITS;
   constexpr uint32_t MASK = (1u << BITS) - 1u;
-  const int64_t G = m.group, groups = m.groups, cols = m.cols, stride = cols + groups;
+  const int64_t G = m.group, groups = m.groups, cols = m.cols, stride = prep_stride(m);
   const int64_t chunks = G * BITS / 8 / W, group_bytes = G * BITS / 8;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* wb = m.data + r * m.row_bytes;
@@ -229,7 +237,7 @@ void affine_generic(const MatView& m, const float* prep, float* out, int64_t ldo
                     int64_t r1) {
   using V = typename S::V;
   constexpr int W = S::W;
-  const int64_t G = m.group, groups = m.groups, cols = m.cols, stride = cols + groups;
+  const int64_t G = m.group, groups = m.groups, cols = m.cols, stride = prep_stride(m);
   alignas(64) uint8_t q[128];
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* wb = m.data + r * m.row_bytes;
@@ -295,7 +303,7 @@ void affine_odd_vbmi(const MatView& m, const float* prep, float* out, int64_t ld
   using S = Avx512Isa;
   using V = S::V;
   const OddUnpack<BITS> unpack;
-  const int64_t G = m.group, groups = m.groups, cols = m.cols, stride = cols + groups;
+  const int64_t G = m.group, groups = m.groups, cols = m.cols, stride = prep_stride(m);
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* wb = m.data + r * m.row_bytes;
     float sbuf[kSbChunk], bbuf[kSbChunk];
@@ -359,7 +367,7 @@ void affine4_rows(const MatView& m, const float* prep, float* out, int64_t ldo, 
                   int64_t r1) {
   using S = Avx512Isa;
   using V = S::V;
-  const int64_t G = m.group, groups = m.groups, cols = m.cols, stride = cols + groups;
+  const int64_t G = m.group, groups = m.groups, cols = m.cols, stride = prep_stride(m);
   const int64_t row_bytes = m.row_bytes;
   const uint8_t *data = m.data, *scales = m.scales, *biases = m.biases;
   const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -551,7 +559,7 @@ void rows(const MatView& m, const float* x, int64_t ldx, const float* prep, int6
 }  // namespace
 
 size_t gemv_prep_floats(const MatView& m, int64_t n) {
-  return m.bits == 0 ? 0 : static_cast<size_t>(n * (m.cols + m.groups));
+  return m.bits == 0 ? 0 : static_cast<size_t>(n * prep_stride(m));
 }
 
 void gemv_prepare(bool scalar, const MatView& m, const float* x, int64_t ldx, int64_t n,

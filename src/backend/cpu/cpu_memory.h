@@ -1,8 +1,8 @@
 // Internal to backend/cpu: host memory for CpuBackend::alloc in 2 MB transparent huge pages.
 //
-// Why: a decode step streams every weight once, and with 4 KB pages the GEMVs of the cpu-120m
-// 4-bit model ran 13-18% slower per step than with the same weights in huge pages (TLB misses
-// on every new page of each of the ~100 matrices' data, scales and biases; measured on the 2-core
+// Why: a decode step streams every weight once; with 4 KB pages the cpu-120m 4-bit decode step
+// was 5-8% slower than with the same weights (and KV cache) in huge pages (a TLB miss on every
+// new 4 KB page of each of the ~100 matrices' data, scales and biases; measured on the 2-core
 // EPYC VM). The kernel backs a range with huge pages only where it is 2 MB aligned and advised
 // (MADV_HUGEPAGE; THP "madvise" mode), so:
 // - allocations of at least kLargeBytes get their own 2 MB-aligned mapping;
@@ -15,8 +15,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <new>
+#include <vector>
 
 namespace tokenmill::cpu {
 
@@ -48,5 +51,28 @@ class HostMemory {
   std::map<uintptr_t, Chunk> chunks_;  // chunk base -> state
   uintptr_t current_ = 0;              // the chunk small allocations come from (0: none)
 };
+
+// A std::allocator for vectors of scratch that kernels read with full-vector loads: 64-byte
+// (cache-line) aligned. With malloc's 16-byte alignment every AVX-512 load of the prepared x
+// straddles two lines; on the 2-core VM that alone made a decode step's GEMVs 50% slower
+// whenever the heap happened to place the buffer off a line boundary.
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <class U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT: allocator rebinding
+  T* allocate(size_t n) {
+    const size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  bool operator==(const CacheLineAllocator&) const { return true; }
+  bool operator!=(const CacheLineAllocator&) const { return false; }
+};
+template <class T>
+using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
 
 }  // namespace tokenmill::cpu
