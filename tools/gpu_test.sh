@@ -7,6 +7,7 @@
 # Stages (each under `timeout`; a failing stage does not stop the next):
 #   deps, configure, build (ninja -j16, TM_NATIVE=OFF),
 #   tm_test_backend_cuda, tm_test_golden, the CPU unit tests (quick ones),
+#   linops (tm_bench_linear_ops: decode matmul GB/s per format against the read probe),
 #   bench (BENCH_PRESETS, default the 27B shape at q4g64 and bf16 and the 35B-A3B shape at q4g64,
 #   dummy weights generated on the device),
 #   compute-sanitizer memcheck on a short tm_test_backend_cuda filter.
@@ -17,7 +18,7 @@ DEPS="${DEPS:-/tmp/deps}"
 BUILD="${BUILD:-build-gpu}"
 JOBS="${JOBS:-16}"
 TOTAL_S="${TOTAL_S:-470}"
-STAGES="${STAGES:-deps configure build cuda golden cpu bench sanitizer}"
+STAGES="${STAGES:-deps configure build cuda golden cpu linops bench sanitizer}"
 START=$(date +%s)
 DEADLINE=$((START + TOTAL_S))
 mkdir -p "$OUT"
@@ -77,7 +78,8 @@ export -f unpack configure
 want deps && stage deps 60 bash -c unpack
 want configure && stage configure 90 bash -c configure
 want build && stage build 300 ninja -C "$BUILD" -j "$JOBS" tokenmill tm_test_backend_cuda \
-  tm_test_golden tm_test_backend_cpu tm_test_model tm_test_tensor tm_test_engine
+  tm_test_golden tm_test_backend_cpu tm_test_model tm_test_tensor tm_test_engine \
+  tm_bench_linear_ops
 T="$BUILD/tests"
 want cuda && stage cuda 150 "$T/tm_test_backend_cuda"
 grep -E "^\[cuda model\]|FAILED|PASSED|SKIPPED \]" "$OUT/cuda.log" 2>/dev/null | head -40 >> "$SUMMARY"
@@ -88,6 +90,10 @@ if want cpu; then
     stage "cpu_$b" 60 "$T/$b" && true
     grep -E "FAILED|PASSED" "$OUT/cpu_$b.log" 2>/dev/null | head -5 >> "$SUMMARY"
   done
+fi
+if want linops; then
+  stage linops 90 "$BUILD/bench/tm_bench_linear_ops" --device cuda && true
+  tail -30 "$OUT/linops.log" >> "$SUMMARY"
 fi
 if want bench; then
   # Dummy weights are generated on the device (no files). BENCH_PRESETS: "preset:quant ...".

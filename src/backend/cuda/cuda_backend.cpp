@@ -38,12 +38,27 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cudaStream_t s = nullptr;
   TM_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   stream_ = s;
+  gemv_ws_.sm_count = p.multiProcessorCount;
+  gemv_ws_.max_warps =
+      static_cast<int64_t>(p.multiProcessorCount) * (p.maxThreadsPerMultiProcessor / 32);
+  gemv_ws_.act_bytes = kGemvWorkspaceBytes;
+  gemv_ws_.act = alloc(gemv_ws_.act_bytes);
+  owned_.push_back(gemv_ws_.act);
+  gemv_ws_.partial_floats = static_cast<size_t>(gemv_ws_.max_warps) * 2 * kMaxGemvSlotFloats;
+  gemv_ws_.partials = static_cast<float*>(alloc(gemv_ws_.partial_floats * sizeof(float)));
+  owned_.push_back(gemv_ws_.partials);
+  const size_t counter_bytes = static_cast<size_t>(gemv_ws_.max_warps) * sizeof(int);
+  gemv_ws_.counters = static_cast<int*>(alloc(counter_bytes));
+  owned_.push_back(gemv_ws_.counters);
+  TM_CUDA(cudaMemset(gemv_ws_.counters, 0, counter_bytes));
+  init_gemm();
 }
 
 CudaBackend::~CudaBackend() {
   // Errors are ignored here: a destructor must not throw, and a failed device has already
   // reported its error through the op that hit it.
   cudaStreamSynchronize(stream_);
+  destroy_gemm();
   for (void* g : graphs_) {
     if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
   }

@@ -15,6 +15,23 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*
 
 namespace tokenmill {
 
+namespace cuda {
+struct DevMat;
+
+// Device memory the decode GEMVs work in, allocated once by the backend: prepared 4-bit
+// activations, stream-K partials and counters (counters zero between launches), and the
+// device's SM count.
+struct GemvWorkspace {
+  void* act = nullptr;
+  size_t act_bytes = 0;
+  float* partials = nullptr;
+  size_t partial_floats = 0;
+  int* counters = nullptr;
+  int64_t max_warps = 0;  // counters and partial slots exist for this many warps
+  int sm_count = 0;
+};
+}  // namespace cuda
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device);
@@ -93,14 +110,32 @@ class CudaBackend final : public Backend {
   CUstream_st* stream() const { return stream_; }
 
  private:
+  // Prefill GEMM on tensor cores (cuda_gemm.cu): out[n, rows] = x[n, cols] . m^T.
+  void gemm(const float* x, int64_t n, const cuda::DevMat& m, float* out);
+  void init_gemm();
+  void destroy_gemm();
+
   int device_ = 0;
   std::string device_name_;
   CUstream_st* stream_ = nullptr;
-  std::vector<void*> owned_;
-  std::vector<void*> graphs_;
+  std::vector<void*> owned_;   // device allocations freed in the destructor
+  std::vector<void*> graphs_;  // cudaGraphExec_t of recorded sequences, by id
   float* attn_ws_ = nullptr;   // split-context attention partials (set_attention_workspace)
-  size_t attn_ws_floats_ = 0;  // cudaGraphExec_t of recorded sequences, by id  // weight copies
-                               // made by upload_weight, freed in the destructor
+  size_t attn_ws_floats_ = 0;
+  // Decode GEMV workspace (allocated once, in the constructor).
+  cuda::GemvWorkspace gemv_ws_;
+  static constexpr size_t kGemvWorkspaceBytes = size_t{16} << 20;
+  static constexpr int kMaxGemvSlotFloats = 256;
+  // cuBLAS handle, its workspace, {alpha, 0, 1, max bits} on the device, the F16 weight slab and
+  // the F16 activations (grown for long prefills, never while a step is recorded).
+  void* cublas_ = nullptr;
+  float* gemm_consts_ = nullptr;
+  void* gemm_w_ = nullptr;
+  void* gemm_x_ = nullptr;
+  size_t gemm_x_bytes_ = 0;
+  static constexpr size_t kGemmSlabBytes = size_t{64} << 20;
+  static constexpr size_t kGemmInitialXBytes = size_t{64} << 20;
+  static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 };
 
 }  // namespace tokenmill

@@ -1,11 +1,13 @@
-// Decode GEMV (1..16 activation rows) for the common weight formats: bf16 and MLX affine 4- and
-// 8-bit. Each lane streams 16-byte chunks of a weight row (8 bf16, 32 4-bit or 16 8-bit values)
-// with streaming loads; a warp works on kRowsPerWarp rows at once so one load of an x chunk
+// Decode GEMV (1..16 activation rows) for the common weight formats: bf16 and MLX affine 8-bit
+// on CUDA cores (4-bit goes to the tensor-core kernel of cuda_gemv_q4.cu). Each lane streams
+// 16-byte chunks of a weight row (8 bf16 or 16 8-bit values) with streaming loads, two chunks
+// in flight per row; a warp works on kRowsPerWarp rows at once so one load of an x chunk
 // serves several rows (without that, re-reading x from L1 would cost more than the weights).
 // Several matrices of the same input (q/k/v, gate/up, the GDN input projections) run in one
 // launch. Accumulation is F32; affine rows use w = s*q + b as s*(q.x) + b*sum(x) per chunk.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -16,8 +18,7 @@ namespace tokenmill::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 4;
-constexpr int kRowsPerWarp = 4;
-constexpr int kRowsPerBlock = kWarpsPerBlock * kRowsPerWarp;
+constexpr int kRowsPerWarp = 4;  // a tile: rows one warp computes together
 
 // 16 bytes of weights -> values, and how a chunk's partial dot becomes the output contribution.
 struct Bf16Chunk {
@@ -38,22 +39,6 @@ __device__ __forceinline__ float byte_to_float(uint32_t word, uint32_t selector)
   return __uint_as_float(__byte_perm(word, 0x4B000000u, selector)) - 8388608.0f;
 }
 
-struct Q4Chunk {
-  static constexpr int kValues = 32;
-  __device__ static void decode(const uint4& u, float* v) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t lo = w[k] & 0x0F0F0F0Fu, hi = (w[k] >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        v[8 * k + 2 * b] = byte_to_float(lo, 0x7540u + b);
-        v[8 * k + 2 * b + 1] = byte_to_float(hi, 0x7540u + b);
-      }
-    }
-  }
-};
-
 struct Q8Chunk {
   static constexpr int kValues = 16;
   __device__ static void decode(const uint4& u, float* v) {
@@ -73,70 +58,70 @@ __device__ __forceinline__ float load_scale(const DevMat& m, const uint8_t* p, i
   return load_sb(m.sdtype, p, i);
 }
 
-// One block: kRowsPerBlock rows of one job. Lane l takes chunks l, l+32, ... of every row.
+// Steps [k0, k1) of one tile (kRowsPerWarp rows of one job); a step is two 16-byte chunks per
+// lane, 64 chunks per row. Returns the warp-reduced sums (every lane holds all of them).
 template <int N, class C>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_fast_kernel(GemvJobs jobs, const float* __restrict__ x, int64_t ldx, int n) {
-  int j = 0;
-  while (j + 1 < jobs.count && static_cast<int>(blockIdx.x) >= jobs.first_block[j + 1]) ++j;
-  const DevMat& m = jobs.m[j];
-  float* __restrict__ out = jobs.out[j];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t r0 =
-      (static_cast<int64_t>(blockIdx.x - jobs.first_block[j]) * kWarpsPerBlock + warp) *
-      kRowsPerWarp;
-  if (r0 >= m.rows) return;
+__device__ __forceinline__ void fast_tile_dot(const DevMat& m, int64_t r0, const float* x,
+                                              int64_t ldx, int n, int64_t k0, int64_t k1,
+                                              float (&acc)[N][kRowsPerWarp]) {
+  const int lane = threadIdx.x & 31;
   const int64_t chunks = m.row_bytes / 16;
   constexpr int V = C::kValues;
-  float acc[N][kRowsPerWarp];
 #pragma unroll
   for (int i = 0; i < N; ++i)
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) acc[i][r] = 0.0f;
-
-  for (int64_t c = lane; c < chunks; c += 32) {
-    uint4 wq[kRowsPerWarp];
+  // All loads of a step are issued before any math (bytes in flight are what a bandwidth-bound
+  // kernel lives on).
+  for (int64_t step = k0; step < k1; ++step) {
+    const int64_t c0 = step * 64 + lane;
+    uint4 wq[2][kRowsPerWarp];
+    [[maybe_unused]] float sc[2][kRowsPerWarp], bi[2][kRowsPerWarp];
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int64_t row = r0 + r < m.rows ? r0 + r : r0;  // duplicate a valid row past the end
-      wq[r] = __ldcs(reinterpret_cast<const uint4*>(m.data + row * m.row_bytes) + c);
-    }
-    float sc[kRowsPerWarp], bi[kRowsPerWarp];
-    if constexpr (kAffine<C>) {
-      const int64_t g = c * V / m.group;
+    for (int h = 0; h < 2; ++h) {
+      const int64_t c = c0 + 32 * h < chunks ? c0 + 32 * h : c0 < chunks ? c0 : 0;
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
-        const int64_t row = r0 + r < m.rows ? r0 + r : r0;
-        sc[r] = load_scale(m, m.scales, row * m.groups + g);
-        bi[r] = load_scale(m, m.biases, row * m.groups + g);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      if (i >= n) break;
-      float xv[V];
-      const float4* xp = reinterpret_cast<const float4*>(x + i * ldx + c * V);
-#pragma unroll
-      for (int q = 0; q < V / 4; ++q) {
-        const float4 t = __ldg(xp + q);
-        xv[4 * q] = t.x, xv[4 * q + 1] = t.y, xv[4 * q + 2] = t.z, xv[4 * q + 3] = t.w;
-      }
-      float xsum = 0.0f;
-      if constexpr (kAffine<C>) {
-#pragma unroll
-        for (int q = 0; q < V; ++q) xsum += xv[q];
-      }
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        float wv[V];
-        C::decode(wq[r], wv);
-        float d = 0.0f;
-#pragma unroll
-        for (int q = 0; q < V; ++q) d = fmaf(wv[q], xv[q], d);
+        const int64_t row = r0 + r < m.rows ? r0 + r : r0;  // duplicate a valid row past the end
+        wq[h][r] = __ldcs(reinterpret_cast<const uint4*>(m.data + row * m.row_bytes) + c);
         if constexpr (kAffine<C>) {
-          acc[i][r] += sc[r] * d + bi[r] * xsum;
-        } else {
-          acc[i][r] += d;
+          const int64_t g = row * m.groups + c * V / m.group;
+          sc[h][r] = load_scale(m, m.scales, g);
+          bi[h][r] = load_scale(m, m.biases, g);
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t c = c0 + 32 * h;
+      if (c >= chunks) break;
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        if (i >= n) break;
+        float xv[V];
+        const float4* xp = reinterpret_cast<const float4*>(x + i * ldx + c * V);
+#pragma unroll
+        for (int q = 0; q < V / 4; ++q) {
+          const float4 t = __ldg(xp + q);
+          xv[4 * q] = t.x, xv[4 * q + 1] = t.y, xv[4 * q + 2] = t.z, xv[4 * q + 3] = t.w;
+        }
+        float xsum = 0.0f;
+        if constexpr (kAffine<C>) {
+#pragma unroll
+          for (int q = 0; q < V; ++q) xsum += xv[q];
+        }
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          float wv[V];
+          C::decode(wq[h][r], wv);
+          float d = 0.0f;
+#pragma unroll
+          for (int q = 0; q < V; ++q) d = fmaf(wv[q], xv[q], d);
+          if constexpr (kAffine<C>) {
+            acc[i][r] += sc[h][r] * d + bi[h][r] * xsum;
+          } else {
+            acc[i][r] += d;
+          }
         }
       }
     }
@@ -145,27 +130,77 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   for (int i = 0; i < N; ++i) {
     if (i >= n) break;
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const float s = warp_sum(acc[i][r]);
-      if (lane == 0 && r0 + r < m.rows) out[i * m.rows + r0 + r] = s;
+    for (int r = 0; r < kRowsPerWarp; ++r) acc[i][r] = warp_sum(acc[i][r]);
+  }
+}
+
+// Each warp takes an equal range of the flattened (tile, step) work (cuda_streamk.cuh). Lane l
+// owns results 2l and 2l+1 of the tile's [N][kRowsPerWarp] sums for the stream-K fixup and the
+// output.
+template <int N, class C>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, N == 1   ? 6
+                                                       : N <= 4 ? 4
+                                                                : 3)
+    gemv_fast_kernel(GemvJobs jobs, const float* __restrict__ x, int64_t ldx, int n, StreamK sk) {
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (w >= sk.warps) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t end = sk.lo(w + 1);
+  for (int64_t p = sk.lo(w); p < end;) {
+    const int64_t tile = p / sk.steps, k0 = p - tile * sk.steps;
+    const int64_t k1 = min(sk.steps, end - tile * sk.steps);
+    p = tile * sk.steps + k1;
+    int j = 0;
+    while (j + 1 < jobs.count && tile >= jobs.first_tile[j + 1]) ++j;
+    const DevMat& m = jobs.m[j];
+    const int64_t r0 = (tile - jobs.first_tile[j]) * kRowsPerWarp;
+    float acc[N][kRowsPerWarp];
+    fast_tile_dot<N, C>(m, r0, x, ldx, n, k0, k1, acc);
+    float mine[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const int e = i * kRowsPerWarp + r;
+        if (e == 2 * lane) mine[0] = acc[i][r];
+        if (e == 2 * lane + 1) mine[1] = acc[i][r];
+      }
+    if (k0 > 0 || k1 < sk.steps) {
+      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, mine, 2)) continue;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int e = 2 * lane + h, i = e / kRowsPerWarp;
+      const int64_t r = r0 + e % kRowsPerWarp;
+      if (i < n && r < m.rows) jobs.out[j][i * m.rows + r] = mine[h];
     }
   }
 }
 
+template <int N, class C>
+void launch_n(cudaStream_t st, const GemvJobs& jobs, int64_t tiles, const float* x, int64_t ldx,
+              int n, const GemvWorkspace& ws) {
+  const auto kernel = gemv_fast_kernel<N, C>;
+  const int64_t steps = (jobs.m[0].row_bytes / 16 + 63) / 64;
+  const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), kWarpsPerBlock * 32, tiles,
+                                  steps, 64, ws);
+  kernel<<<static_cast<unsigned>((sk.warps + kWarpsPerBlock - 1) / kWarpsPerBlock),
+           kWarpsPerBlock * 32, 0, st>>>(jobs, x, ldx, n, sk);
+}
+
 template <class C>
-void launch_kind(cudaStream_t st, const GemvJobs& jobs, unsigned grid, const float* x, int64_t ldx,
-                 int n) {
-  const int threads = kWarpsPerBlock * 32;
+void launch_kind(cudaStream_t st, const GemvJobs& jobs, int64_t tiles, const float* x, int64_t ldx,
+                 int n, const GemvWorkspace& ws) {
   if (n == 1) {
-    gemv_fast_kernel<1, C><<<grid, threads, 0, st>>>(jobs, x, ldx, n);
+    launch_n<1, C>(st, jobs, tiles, x, ldx, n, ws);
   } else if (n <= 2) {
-    gemv_fast_kernel<2, C><<<grid, threads, 0, st>>>(jobs, x, ldx, n);
+    launch_n<2, C>(st, jobs, tiles, x, ldx, n, ws);
   } else if (n <= 4) {
-    gemv_fast_kernel<4, C><<<grid, threads, 0, st>>>(jobs, x, ldx, n);
+    launch_n<4, C>(st, jobs, tiles, x, ldx, n, ws);
   } else if (n <= 8) {
-    gemv_fast_kernel<8, C><<<grid, threads, 0, st>>>(jobs, x, ldx, n);
+    launch_n<8, C>(st, jobs, tiles, x, ldx, n, ws);
   } else {
-    gemv_fast_kernel<16, C><<<grid, threads, 0, st>>>(jobs, x, ldx, n);
+    launch_n<16, C>(st, jobs, tiles, x, ldx, n, ws);
   }
   TM_CUDA_LAUNCHED();
 }
@@ -179,35 +214,54 @@ GemvKind fast_gemv_kind(const DevMat& m) {
                ? GemvKind::kBf16
                : GemvKind::kNone;
   }
-  if ((m.bits != 4 && m.bits != 8) || m.row_bytes % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(m.data) % 16 != 0) {
+  if (m.bits == 4) return q4_mma_eligible(m) ? GemvKind::kQ4 : GemvKind::kNone;
+  if (m.bits != 8 || m.row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(m.data) % 16 != 0) {
     return GemvKind::kNone;
   }
-  const int values = m.bits == 4 ? 32 : 16;
-  return m.group % values == 0 ? (m.bits == 4 ? GemvKind::kQ4 : GemvKind::kQ8) : GemvKind::kNone;
+  return m.group % 16 == 0 ? GemvKind::kQ8 : GemvKind::kNone;
+}
+
+StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t steps, int slot_floats,
+                     const GemvWorkspace& ws) {
+  int per_sm = 0;
+  TM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  StreamK sk;
+  sk.tiles = tiles;
+  sk.steps = steps;
+  const int64_t resident = static_cast<int64_t>(std::max(per_sm, 1)) * ws.sm_count * (threads / 32);
+  sk.warps = std::max<int64_t>(1, std::min({resident, tiles * steps, ws.max_warps}));
+  sk.partials = ws.partials;
+  sk.counters = ws.counters;
+  sk.slot_floats = slot_floats;
+  TM_CUDA_REQUIRE(static_cast<size_t>(sk.warps) * 2 * slot_floats <= ws.partial_floats,
+                  "gemv: stream-K partial workspace too small");
+  return sk;
 }
 
 void launch_gemv_fast(cudaStream_t st, GemvKind kind, GemvJobs jobs, const float* x, int64_t ldx,
-                      int n) {
+                      int n, const GemvWorkspace& ws) {
   TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs, "gemv: 1..4 matrices per call");
   TM_CUDA_REQUIRE(n >= 1 && n <= 16, "gemv: 1..16 activation rows");
   TM_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0,
                   "gemv: activations must be 16-byte aligned");
-  int blocks = 0;
-  for (int j = 0; j < jobs.count; ++j) {
-    jobs.first_block[j] = blocks;
-    blocks += static_cast<int>((jobs.m[j].rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  if (kind == GemvKind::kQ4) {
+    const Q4Act act = launch_q4_prepare(st, x, ldx, n, jobs.m[0].cols, jobs.m[0].group, ws);
+    launch_q4_gemv(st, jobs, act, n, nullptr, 0, 1, ws);
+    return;
   }
-  const auto grid = static_cast<unsigned>(blocks);
+  int64_t tiles = 0;
+  for (int j = 0; j < jobs.count; ++j) {
+    TM_CUDA_REQUIRE(jobs.m[j].row_bytes == jobs.m[0].row_bytes, "gemv: matrices of one width");
+    jobs.first_tile[j] = tiles;
+    tiles += (jobs.m[j].rows + kRowsPerWarp - 1) / kRowsPerWarp;
+  }
+  jobs.first_tile[jobs.count] = tiles;
   switch (kind) {
     case GemvKind::kBf16:
-      launch_kind<Bf16Chunk>(st, jobs, grid, x, ldx, n);
-      break;
-    case GemvKind::kQ4:
-      launch_kind<Q4Chunk>(st, jobs, grid, x, ldx, n);
+      launch_kind<Bf16Chunk>(st, jobs, tiles, x, ldx, n, ws);
       break;
     case GemvKind::kQ8:
-      launch_kind<Q8Chunk>(st, jobs, grid, x, ldx, n);
+      launch_kind<Q8Chunk>(st, jobs, tiles, x, ldx, n, ws);
       break;
     default:
       TM_CUDA_REQUIRE(false, "gemv: no fast kernel for this weight format");

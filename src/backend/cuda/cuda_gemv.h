@@ -1,7 +1,11 @@
-// Internal to backend/cuda (.cu files): the fast decode GEMV of cuda_gemv.cu.
+// Internal to backend/cuda (.cu files): the fast decode GEMVs of cuda_gemv.cu (bf16 and 8-bit on
+// CUDA cores) and cuda_gemv_q4.cu (4-bit on tensor cores), both divided stream-K style
+// (cuda_streamk.cuh).
 #pragma once
 
+#include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_streamk.cuh"
 
 namespace tokenmill::cuda {
 
@@ -9,20 +13,48 @@ enum class GemvKind { kNone, kBf16, kQ4, kQ8 };
 
 constexpr int kMaxGemvJobs = 4;
 
-// Up to four matrices sharing one input; out[j] is [n, m[j].rows]. first_block is filled by
-// launch_gemv_fast.
+// Up to four matrices sharing one input; out[j] is [n, m[j].rows]. first_tile is filled by the
+// launchers.
 struct GemvJobs {
   DevMat m[kMaxGemvJobs];
   float* out[kMaxGemvJobs] = {};
-  int first_block[kMaxGemvJobs] = {};
+  int64_t first_tile[kMaxGemvJobs + 1] = {};
   int count = 0;
 };
+
+// Warps to launch for `kernel` (one wave: what fits on the device at once) and the stream-K
+// division of tiles x steps over them.
+StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t steps, int slot_floats,
+                     const GemvWorkspace& ws);
 
 // The fast kernel that handles `m`, or kNone (other formats, odd sizes, unaligned data).
 GemvKind fast_gemv_kind(const DevMat& m);
 
-// out[j][i, r] = W_j[r, :] . x[i, :] for i < n (1..16), all jobs of the same kind.
+// out[j][i, r] = W_j[r, :] . x[i, :] for i < n (1..16), all jobs of the same kind (and, for
+// kQ4, the same group size). kQ4 prepares the activations in ws.act first (q4_act_bytes).
 void launch_gemv_fast(cudaStream_t st, GemvKind kind, GemvJobs jobs, const float* x, int64_t ldx,
-                      int n);
+                      int n, const GemvWorkspace& ws);
+
+// --- 4-bit tensor-core GEMV (cuda_gemv_q4.cu) ---
+
+// Activations prepared for the 4-bit kernel: per row, hi and lo f16 parts in the kernel's k
+// order ([rows, 2K]: hi then lo), per-group sums X and the row's power-of-two scale.
+struct Q4Act {
+  __half* x = nullptr;
+  int64_t ld = 0;  // halves per prepared row (2K)
+  float* sums = nullptr;
+  float* colscale = nullptr;
+  int group = 0;
+};
+
+// Workspace bytes for `rows` prepared rows of width K.
+size_t q4_act_bytes(int64_t rows, int64_t K, int group);
+bool q4_mma_eligible(const DevMat& m);
+Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t rows, int64_t K,
+                        int group, const GemvWorkspace& ws);
+// ids == nullptr: out[j][i, r] for the n prepared rows. Otherwise one activation row per slot:
+// out[j][s, r] = W_j[ids[s]][r, :] . prepared row s / x_div.
+void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, const int32_t* ids,
+                    int64_t slots, int64_t x_div, const GemvWorkspace& ws);
 
 }  // namespace tokenmill::cuda

@@ -1,8 +1,7 @@
-// CudaBackend::linear and embed. n <= kGemvMaxRows activation rows: a warp per weight row
-// streams the row once and dots it with all n rows (decode is bound by weight bandwidth).
-// Larger n: an F32 tiled GEMM; each block dequantizes a 64x32 tile of W into shared memory
-// once and reuses it for 64 activation rows. F32 accumulation throughout, so results match
-// the CPU backend to F32 rounding (no bf16 rounding of activations).
+// CudaBackend::linear and embed. n <= kGemvMaxRows activation rows: the fast GEMVs of
+// cuda_gemv.cu / cuda_gemv_q4.cu, or here a warp per weight row for the other formats (decode
+// is bound by weight bandwidth; each weight byte is read once for all n rows). Larger n: the
+// tensor-core GEMM of cuda_gemm.cu.
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -137,75 +136,6 @@ __global__ void gemv_indexed_kernel(DevMat m, const int32_t* __restrict__ ids,
   if ((threadIdx.x & 31) == 0) out[s * ldo + r] = v;
 }
 
-constexpr int kBM = 64, kBN = 64, kBK = 32;
-
-// out[i, r] for a 64x64 tile: blockIdx.x over weight rows, blockIdx.y over activation rows.
-// 256 threads; each loads 8 x values and 8 weight values per K step and computes 4x4 outputs.
-__global__ void __launch_bounds__(256)
-    gemm_kernel(DevMat m, const float* __restrict__ x, int64_t ldx, int64_t n,
-                float* __restrict__ out, int64_t ldo) {
-  __shared__ float xs[kBK][kBM + 4];
-  __shared__ float ws[kBK][kBN + 4];
-  const int t = threadIdx.x;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kBN;
-  const int64_t i0 = static_cast<int64_t>(blockIdx.y) * kBM;
-  const int ty = t / 16, tx = t % 16;
-  const int lr = t / 4, lc = (t % 4) * 8;  // loader: tile row, first of 8 columns
-  float acc[4][4] = {};
-  for (int64_t k0 = 0; k0 < m.cols; k0 += kBK) {
-    const int64_t kc = k0 + lc;
-    {
-      const int64_t xi = i0 + lr;
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        xs[lc + u][lr] = (xi < n && kc + u < m.cols) ? x[xi * ldx + kc + u] : 0.0f;
-      }
-    }
-    {
-      const int64_t wr = r0 + lr;
-      float w[8];
-      if (wr < m.rows) {
-        const uint8_t* row = m.data + wr * m.row_bytes;
-        if (m.chunks8 && kc + 8 <= m.cols) {
-          load8(m, row, wr, kc, w);
-        } else {
-#pragma unroll
-          for (int u = 0; u < 8; ++u) w[u] = kc + u < m.cols ? load1(m, row, wr, kc + u) : 0.0f;
-        }
-      } else {
-#pragma unroll
-        for (int u = 0; u < 8; ++u) w[u] = 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) ws[lc + u][lr] = w[u];
-    }
-    __syncthreads();
-#pragma unroll 8
-    for (int kk = 0; kk < kBK; ++kk) {
-      float a[4], b[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = xs[kk][ty * 4 + i];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) b[j] = ws[kk][tx * 4 + j];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t xi = i0 + ty * 4 + i;
-    if (xi >= n) continue;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t r = r0 + tx * 4 + j;
-      if (r < m.rows) out[xi * ldo + r] = acc[i][j];
-    }
-  }
-}
-
 // out[i, :] = row ids[i] of the table, dequantized; an id outside the table writes NaN.
 __global__ void embed_kernel(DevMat m, const int32_t* __restrict__ ids, float* __restrict__ out) {
   const int64_t i = blockIdx.x;
@@ -236,18 +166,30 @@ namespace tokenmill {
 
 using cuda::DevMat;
 
+namespace {
+// The fast GEMV for `m` at n rows, or kNone (the 4-bit kernel also needs its prepared
+// activations to fit the workspace).
+cuda::GemvKind fast_kind(const DevMat& m, int64_t n, size_t ws_bytes) {
+  const cuda::GemvKind kind = cuda::fast_gemv_kind(m);
+  if (kind == cuda::GemvKind::kQ4 && cuda::q4_act_bytes(n, m.cols, m.group) > ws_bytes) {
+    return cuda::GemvKind::kNone;
+  }
+  return kind;
+}
+}  // namespace
+
 void CudaBackend::linear(const float* x, int64_t n, const Weight& w, float* out, int expert) {
   if (n <= 0) return;
   const DevMat m = cuda::make_devmat(w, expert);
   const int64_t ldx = m.cols, ldo = m.rows;
   if (n <= kGemvMaxRows) {
-    if (const cuda::GemvKind kind = cuda::fast_gemv_kind(m);
+    if (const cuda::GemvKind kind = fast_kind(m, n, kGemvWorkspaceBytes);
         kind != cuda::GemvKind::kNone && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
       cuda::GemvJobs jobs;
       jobs.m[0] = m;
       jobs.out[0] = out;
       jobs.count = 1;
-      cuda::launch_gemv_fast(stream_, kind, jobs, x, ldx, static_cast<int>(n));
+      cuda::launch_gemv_fast(stream_, kind, jobs, x, ldx, static_cast<int>(n), gemv_ws_);
       return;
     }
     const unsigned grid = cuda::blocks_for(m.rows, cuda::kGemvWarps);
@@ -263,10 +205,7 @@ void CudaBackend::linear(const float* x, int64_t n, const Weight& w, float* out,
     TM_CUDA_LAUNCHED();
     return;
   }
-  TM_CUDA_REQUIRE((n + cuda::kBM - 1) / cuda::kBM <= 65535, "linear: too many activation rows");
-  const dim3 grid(cuda::blocks_for(m.rows, cuda::kBN), cuda::blocks_for(n, cuda::kBM));
-  cuda::gemm_kernel<<<grid, 256, 0, stream_>>>(m, x, ldx, n, out, ldo);
-  TM_CUDA_LAUNCHED();
+  gemm(x, n, m, out);
 }
 
 void CudaBackend::linear_multi(const float* x, int64_t n, const Weight* const* ws,
@@ -279,8 +218,10 @@ void CudaBackend::linear_multi(const float* x, int64_t n, const Weight* const* w
   cuda::GemvKind kind = cuda::GemvKind::kNone;
   for (int i = 0; i < count && fused; ++i) {
     const DevMat m = cuda::make_devmat(*ws[i], 0);
-    const cuda::GemvKind k = cuda::fast_gemv_kind(m);
-    if (k == cuda::GemvKind::kNone || (i > 0 && (k != kind || m.cols != jobs.m[0].cols))) {
+    const cuda::GemvKind k = fast_kind(m, n, kGemvWorkspaceBytes);
+    if (k == cuda::GemvKind::kNone ||
+        (i > 0 && (k != kind || m.cols != jobs.m[0].cols || m.group != jobs.m[0].group ||
+                   m.sdtype != jobs.m[0].sdtype))) {
       fused = false;
       break;
     }
@@ -293,7 +234,7 @@ void CudaBackend::linear_multi(const float* x, int64_t n, const Weight* const* w
     for (int i = 0; i < count; ++i) linear(x, n, *ws[i], outs[i]);
     return;
   }
-  cuda::launch_gemv_fast(stream_, kind, jobs, x, jobs.m[0].cols, static_cast<int>(n));
+  cuda::launch_gemv_fast(stream_, kind, jobs, x, jobs.m[0].cols, static_cast<int>(n), gemv_ws_);
 }
 
 // Token ids are validated by the model before the forward; on the device an id outside the

@@ -1,11 +1,14 @@
 // Mixture of experts, the simple device-side form: routing ids stay on the device (no host
 // sync). For each (token, slot) pair s = t*k + j, gate and up GEMVs of expert ids[s] on x[t],
 // silu(gate)*up, the down GEMV, then out[t] = sum_j weights[t, j] * down[s] in slot order.
-// Each slot reads its expert's weights once (a sorted grouped GEMM is the faster form).
+// Each slot reads its expert's weights once (a sorted grouped GEMM is the faster form for
+// prefill). 4-bit experts take the tensor-core GEMV (gate and up in one launch) while the
+// prepared activations fit its workspace.
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemv.h"
 
 namespace tokenmill::cuda {
 namespace {
@@ -43,6 +46,33 @@ void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, cons
   float* act = scratch;
   float* upo = act + slots * inter;
   float* dn = upo + slots * inter;
+  const size_t ws = kGemvWorkspaceBytes;
+  if (cuda::q4_mma_eligible(mg) && cuda::q4_mma_eligible(mu) && cuda::q4_mma_eligible(md) &&
+      mg.group == mu.group && mg.sdtype == mu.sdtype && slots <= 65535 &&
+      cuda::q4_act_bytes(n, hidden, mg.group) <= ws &&
+      cuda::q4_act_bytes(slots, inter, md.group) <= ws &&
+      reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(scratch) % 16 == 0 &&
+      inter % 4 == 0) {
+    cuda::GemvJobs gu;
+    gu.m[0] = mg, gu.m[1] = mu;
+    gu.out[0] = act, gu.out[1] = upo;
+    gu.count = 2;
+    const cuda::Q4Act ax =
+        cuda::launch_q4_prepare(stream_, x, hidden, n, hidden, mg.group, gemv_ws_);
+    cuda::launch_q4_gemv(stream_, gu, ax, 1, ids, slots, k, gemv_ws_);
+    silu_mul(act, upo, act, slots * inter);
+    cuda::GemvJobs dj;
+    dj.m[0] = md;
+    dj.out[0] = dn;
+    dj.count = 1;
+    const cuda::Q4Act aa =
+        cuda::launch_q4_prepare(stream_, act, inter, slots, inter, md.group, gemv_ws_);
+    cuda::launch_q4_gemv(stream_, dj, aa, 1, ids, slots, 1, gemv_ws_);
+    cuda::moe_combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(dn, weights, k, hidden,
+                                                                            out);
+    TM_CUDA_LAUNCHED();
+    return;
+  }
   // Slots are launched in chunks of whole tokens (grid.y <= 65535).
   const int64_t chunk = 65535 / k * k;
   TM_CUDA_REQUIRE(chunk > 0, "moe: k must be <= 65535");

@@ -1,7 +1,8 @@
-// linear (GEMV n <= 16 and tiled GEMM above) and embed: CUDA against the CPU backend on the
-// same weights, every float format and every MLX affine bits/group/scale type.
-// Tolerance 1e-4 relative: both accumulate in F32 (no bf16 rounding of activations on either
-// side), in different orders over <= 256 terms.
+// linear (GEMV n <= 16 and the tensor-core GEMM above) and embed: CUDA against the CPU backend
+// on the same weights, every float format and every MLX affine bits/group/scale type.
+// Tolerance 1e-4 relative: F32 accumulation on both sides, in different orders over <= 5120
+// terms; on the tensor cores operands that F16 would round are split into two F16 parts (about
+// 22 significant bits).
 #include <cstring>
 
 #include "cuda_test_util.h"
@@ -189,6 +190,37 @@ TEST_F(CudaLinear, MultiMatchesSeparateLinears) {
       }
       expect_close(got_all, want_all, kTol,
                    "set " + std::to_string(si) + " n=" + std::to_string(n));
+    }
+  }
+}
+
+// The 4-bit tensor-core GEMV scales each activation row into F16 range: rows of very different
+// magnitudes (1e4 and 1e-6) and rows with one large outlier must keep F32-level accuracy, at a
+// real model width (5120) and every group size.
+TEST_F(CudaLinear, Q4DecodeKeepsF32AccuracyOverWideRanges) {
+  Rng rng(7);
+  for (int group : {32, 64, 128}) {
+    HostWeight hw = affine_weight(rng, 4, group, DType::BF16, 70, 5120, 0);
+    const Weight dw = gpu->upload_weight(hw.w);
+    for (int64_t n : {1, 4, 9, 16}) {
+      std::vector<float> x = rng.normals(static_cast<size_t>(n * 5120));
+      for (int64_t i = 0; i < n; ++i) {
+        const float scale = i % 3 == 0 ? 1e4f : i % 3 == 1 ? 1e-6f : 1.0f;
+        for (int64_t k = 0; k < 5120; ++k) x[i * 5120 + k] *= scale;
+        if (i % 3 == 2) x[i * 5120 + 17] = 3e4f;  // one outlier far above the rest
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        std::vector<float> want(static_cast<size_t>(hw.w.rows));
+        cpu->linear(x.data() + i * 5120, 1, hw.w, want.data());
+        float* dout = poisoned(static_cast<size_t>(n * hw.w.rows));
+        gpu->linear(up(x), n, dw, dout);
+        std::vector<float> got = down(dout, static_cast<size_t>(n * hw.w.rows));
+        got.erase(got.begin(), got.begin() + i * hw.w.rows);
+        got.resize(want.size());
+        expect_close(got, want, kTol,
+                     "q4g" + std::to_string(group) + " n=" + std::to_string(n) + " row " +
+                         std::to_string(i));
+      }
     }
   }
 }

@@ -1,0 +1,423 @@
+// Decode GEMV (1..16 activation rows, or one row per MoE slot) for MLX 4-bit weights, on tensor
+// cores: mma.sync m16n8k16 with F16 operands and F32 accumulation, reading the checkpoint's own
+// packing (no repack at load).
+//
+// Why: a SIMT 4-bit GEMV spends about 6 instructions per weight byte unpacking nibbles and doing
+// FMAs, which caps it near a quarter of HBM bandwidth on an H200. Here one 32-bit word of 8
+// nibbles becomes four f16x2 operand registers in 5 integer instructions and the tensor core does
+// the multiply-adds.
+//
+// Order of k: a dot product does not depend on the order of its terms, so each lane feeds the
+// mma the nibbles of the words it loaded in the order they unpack. For a word w (value i in bits
+// [4i, 4i+4)): (w & 0x000F000F) | 0x64006400 is the f16 pair (1024+v0, 1024+v4);
+// (w & 0x00F000F0) | 0x64006400 is (1024+16*v1, 1024+16*v5); the same after w >> 8 gives (v2, v6)
+// and (16*v3, 16*v7); one f16x2 subtraction of 1024 each leaves the exact small integers. (The
+// 1024 must go before the mma: folded into a correction after it, the tensor core's F32
+// accumulation, which truncates, lost about 2^-11 of the result.) The prepare kernel stores the
+// activations of each 8-value word in that order, [x0, x4, x1/16, x5/16, x2, x6, x3/16, x7/16]
+// (division by 16 is exact), so the mma of a group is q.x; the prepare kernel's per-group sums X
+// give the affine bias term: out = sum over groups of s*acc + b*X.
+//
+// Precision: each activation row is scaled by a power of two that puts its largest magnitude in
+// [2^14, 2^15) (f16 range), then split into two f16 parts hi + lo (about 22 significant bits);
+// both parts go through the mma, whose products are exact in the F32 accumulator. The result
+// matches an F32 dot product to about 1e-6 relative (the CPU backend's reference).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemv.h"
+
+namespace tokenmill::cuda {
+namespace {
+
+constexpr int kQ4Threads = 256;  // prepare kernel
+
+__device__ __forceinline__ float block_max_abs(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  return warp_max(lane < nw ? red[lane] : 0.0f);
+}
+
+// One block per activation row c: scale, split, reorder, and the per-group sums.
+__global__ void __launch_bounds__(kQ4Threads)
+    q4_prepare_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, int group, Q4Act act) {
+  __shared__ float red[32];
+  const int64_t c = blockIdx.x;
+  const float* xr = x + c * ldx;
+  float m = 0.0f;
+  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, fabsf(xr[k]));
+  m = block_max_abs(m, red);
+  int e = 0;  // x is multiplied by 2^e
+  if (m > 0.0f && m <= FLT_MAX) e = min(max(14 - ilogbf(m), -126), 126);
+  const float f = ldexpf(1.0f, e);
+  if (threadIdx.x == 0) act.colscale[c] = ldexpf(1.0f, -e);
+  const int64_t words = K / 8, groups = K / group;
+  const int wpg = group / 8;  // words per group: 4, 8 or 16, aligned runs of lanes in a warp
+  __half* hi_row = act.x + c * act.ld;
+  __half* lo_row = hi_row + K;
+  for (int64_t base = 0; base < words; base += blockDim.x) {  // uniform trip count (shuffles)
+    const int64_t j = base + threadIdx.x;
+    float X = 0.0f;
+    if (j < words) {
+      const float4 a = reinterpret_cast<const float4*>(xr)[2 * j];
+      const float4 b = reinterpret_cast<const float4*>(xr)[2 * j + 1];
+      const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      constexpr int kOrder[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+      uint32_t hw[4] = {}, lw[4] = {};
+#pragma unroll
+      for (int p = 0; p < 8; ++p) {
+        const bool sixteenth = (p & 2) != 0;  // positions fed with 16*q
+        const float s = v[kOrder[p]] * f * (sixteenth ? 0.0625f : 1.0f);
+        const __half h = __float2half_rn(s);
+        const __half l = __float2half_rn(s - __half2float(h));
+        hw[p / 2] |= static_cast<uint32_t>(__half_as_ushort(h)) << (16 * (p & 1));
+        lw[p / 2] |= static_cast<uint32_t>(__half_as_ushort(l)) << (16 * (p & 1));
+        const float stored = __half2float(h) + __half2float(l);
+        X += sixteenth ? 16.0f * stored : stored;
+      }
+      reinterpret_cast<uint4*>(hi_row)[j] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+      reinterpret_cast<uint4*>(lo_row)[j] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+    }
+    for (int o = 1; o < wpg; o <<= 1) X += __shfl_xor_sync(0xffffffffu, X, o);
+    if (j < words && j % wpg == 0) act.sums[c * groups + j / wpg] = X;
+  }
+}
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t minus_1024(uint32_t v) {
+  uint32_t r;
+  asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(0x64006400u));
+  return r;
+}
+
+// The four f16x2 operands of one word (see the file comment).
+__device__ __forceinline__ void unpack_word(uint32_t w, uint32_t (&e)[4]) {
+  e[0] = minus_1024((w & 0x000F000Fu) | 0x64006400u);
+  e[1] = minus_1024((w & 0x00F000F0u) | 0x64006400u);
+  const uint32_t h = w >> 8;
+  e[2] = minus_1024((h & 0x000F000Fu) | 0x64006400u);
+  e[3] = minus_1024((h & 0x00F000F0u) | 0x64006400u);
+}
+
+// W words of a row (one group's share of one lane), streamed past L1.
+template <int W>
+struct Words {
+  uint32_t v[W];
+};
+template <int W>
+__device__ __forceinline__ Words<W> load_words(const uint8_t* p) {
+  Words<W> r;
+  if constexpr (W == 1) {
+    r.v[0] = __ldcs(reinterpret_cast<const unsigned int*>(p));
+  } else if constexpr (W == 2) {
+    const uint2 u = __ldcs(reinterpret_cast<const uint2*>(p));
+    r.v[0] = u.x, r.v[1] = u.y;
+  } else {
+    const uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
+    r.v[0] = u.x, r.v[1] = u.y, r.v[2] = u.z, r.v[3] = u.w;
+  }
+  return r;
+}
+
+// Where tile t lives: slot (MoE) or activation columns, job, first row, and the matrix.
+struct Q4Tile {
+  DevMat m;
+  float* out;
+  int64_t r0, cbase;
+  int ncols;
+  bool bad_expert;
+};
+
+__device__ __forceinline__ Q4Tile q4_tile(const GemvJobs& jobs, int64_t t, int64_t tiles_per_slot,
+                                          int n, const int32_t* ids, int64_t x_div) {
+  const int64_t slot = t / tiles_per_slot, jt = t - slot * tiles_per_slot;
+  int j = 0;
+  while (j + 1 < jobs.count && jt >= jobs.first_tile[j + 1]) ++j;
+  Q4Tile q{jobs.m[j], jobs.out[j], (jt - jobs.first_tile[j]) * 16, 0, n, false};
+  if (ids != nullptr) {
+    const int e = ids[slot];
+    q.out += slot * q.m.rows;
+    q.bad_expert = e < 0 || e >= q.m.experts;
+    if (!q.bad_expert) q.m = at_expert(q.m, e);
+    q.cbase = slot / x_div;
+    q.ncols = 1;
+  }
+  return q;
+}
+
+// Scales and biases by their storage type (a compile-time choice: a per-load switch on the type
+// kept the compiler from hoisting the loads).
+template <int T>
+__device__ __forceinline__ float scale_at(const uint8_t* base, int i) {
+  if constexpr (T == kF32) {
+    return reinterpret_cast<const float*>(base)[i];
+  } else if constexpr (T == kBF16) {
+    return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(base)[i]);
+  } else {
+    return __half2float(reinterpret_cast<const __half*>(base)[i]);
+  }
+}
+
+// Groups [k0, k1) of one 16-row tile: lane (g = lane/4, t = lane%4) holds rows g and g+8 and
+// words [t*W, t*W+W) of each group. Columns (activation rows) are the mma's n: NB blocks of 8.
+// Returns this lane's C fragments: rows g, g+8 x columns 2t, 2t+1, per column block.
+// Offsets inside a row are 32-bit (a row is < 2 GB); row bases are computed once per tile.
+template <int G, int NB, int U, int ST>
+__device__ __forceinline__ void q4_tile_dot(const Q4Tile& q, const Q4Act& act, int k0, int k1,
+                                            float (&tot)[NB][4]) {
+  constexpr int W = G / 32;
+  constexpr int kSB = ST == kF32 ? 4 : 2;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const DevMat& m = q.m;
+  const int groups = static_cast<int>(m.cols / G);
+  const int64_t row_a = min(q.r0 + g, m.rows - 1), row_b = min(q.r0 + g + 8, m.rows - 1);
+  const uint8_t* pa = m.data + row_a * m.row_bytes + t * W * 4;
+  const uint8_t* pb = m.data + row_b * m.row_bytes + t * W * 4;
+  const uint8_t* sca = m.scales + row_a * groups * kSB;
+  const uint8_t* bia = m.biases + row_a * groups * kSB;
+  const uint8_t* scb = m.scales + row_b * groups * kSB;
+  const uint8_t* bib = m.biases + row_b * groups * kSB;
+  const uint4* xh[NB];
+  const float* xs_a[NB];
+  const float* xs_b[NB];
+  bool has_x[NB], has_a[NB], has_b[NB];
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+    const int c = nb * 8 + g, cA = nb * 8 + 2 * t;
+    has_x[nb] = c < q.ncols;
+    has_a[nb] = cA < q.ncols;
+    has_b[nb] = cA + 1 < q.ncols;
+    xh[nb] =
+        reinterpret_cast<const uint4*>(act.x + (q.cbase + (has_x[nb] ? c : 0)) * act.ld) + t * W;
+    xs_a[nb] = act.sums + (q.cbase + (has_a[nb] ? cA : 0)) * groups;
+    xs_b[nb] = act.sums + (q.cbase + (has_b[nb] ? cA + 1 : 0)) * groups;
+  }
+  const int lo_off = static_cast<int>(act.ld / 16);  // uint4s from a hi word to its lo word
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) tot[nb][i] = 0.0f;
+  // Weights and scales (HBM) are loaded one iteration ahead; activations and their sums (a few
+  // KB, L1/L2-resident) when used.
+  Words<W> wa[U], wb[U];
+  float sa[U], ba[U], sb[U], bb[U];
+  auto load_weights = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int grp = base + u;
+      if (grp < k1) {
+        wa[u] = load_words<W>(pa + grp * (G / 2));
+        wb[u] = load_words<W>(pb + grp * (G / 2));
+        sa[u] = scale_at<ST>(sca, grp);
+        ba[u] = scale_at<ST>(bia, grp);
+        sb[u] = scale_at<ST>(scb, grp);
+        bb[u] = scale_at<ST>(bib, grp);
+      }
+    }
+  };
+  load_weights(k0);
+  for (int base = k0; base < k1; base += U) {
+    Words<W> ca[U], cb[U];
+    float csa[U], cba[U], csb[U], cbb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      ca[u] = wa[u], cb[u] = wb[u], csa[u] = sa[u], cba[u] = ba[u], csb[u] = sb[u], cbb[u] = bb[u];
+    }
+    load_weights(base + U);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int grp = base + u;
+      if (grp >= k1) break;
+      float d[NB][4];
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) d[nb][i] = 0.0f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        uint32_t ea[4], eb[4];
+        unpack_word(ca[u].v[w], ea);
+        unpack_word(cb[u].v[w], eb);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          uint4 h = make_uint4(0, 0, 0, 0), l = h;
+          if (has_x[nb]) {
+            const uint4* xp = xh[nb] + grp * (G / 8) + w;
+            h = __ldg(xp);
+            l = __ldg(xp + lo_off);
+          }
+          mma_f16(d[nb], ea[0], eb[0], ea[1], eb[1], h.x, h.y);
+          mma_f16(d[nb], ea[2], eb[2], ea[3], eb[3], h.z, h.w);
+          mma_f16(d[nb], ea[0], eb[0], ea[1], eb[1], l.x, l.y);
+          mma_f16(d[nb], ea[2], eb[2], ea[3], eb[3], l.z, l.w);
+        }
+      }
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        const float A = has_a[nb] ? __ldg(xs_a[nb] + grp) : 0.0f;
+        const float B = has_b[nb] ? __ldg(xs_b[nb] + grp) : 0.0f;
+        tot[nb][0] += csa[u] * d[nb][0] + cba[u] * A;
+        tot[nb][1] += csa[u] * d[nb][1] + cba[u] * B;
+        tot[nb][2] += csb[u] * d[nb][2] + cbb[u] * A;
+        tot[nb][3] += csb[u] * d[nb][3] + cbb[u] * B;
+      }
+    }
+  }
+}
+
+// Each warp takes an equal range of the flattened (tile, group) work (cuda_streamk.cuh).
+template <int G, int NB, int U, int ST>
+__global__ void __launch_bounds__(128, 4)
+    q4_gemv_kernel(GemvJobs jobs, Q4Act act, int n, const int32_t* __restrict__ ids, int64_t x_div,
+                   StreamK sk, int64_t tiles_per_slot) {
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
+  if (w >= sk.warps) return;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t end = sk.lo(w + 1);
+  for (int64_t p = sk.lo(w); p < end;) {
+    const int64_t tile = p / sk.steps, k0 = p - tile * sk.steps;
+    const int64_t k1 = min(sk.steps, end - tile * sk.steps);
+    p = tile * sk.steps + k1;
+    const Q4Tile q = q4_tile(jobs, tile, tiles_per_slot, n, ids, x_div);
+    float tot[NB][4];
+    if (q.bad_expert) {  // the router never produces one; make it visible
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) tot[nb][i] = __int_as_float(0x7fc00000);
+    } else {
+      q4_tile_dot<G, NB, U, ST>(q, act, static_cast<int>(k0), static_cast<int>(k1), tot);
+    }
+    if (k0 > 0 || k1 < sk.steps) {
+      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, &tot[0][0], NB * 4)) continue;
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = nb * 8 + 2 * t + (i & 1);
+        const int64_t r = q.r0 + g + (i >= 2 ? 8 : 0);
+        if (c >= q.ncols || r >= q.m.rows) continue;
+        const float v = tot[nb][i] * act.colscale[q.cbase + c];
+        if (ids != nullptr) {
+          q.out[r] = v;
+        } else {
+          q.out[c * q.m.rows + r] = v;
+        }
+      }
+    }
+  }
+}
+
+template <int G, int NB, int ST>
+void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
+                  const int32_t* ids, int64_t x_div, int64_t tiles, int64_t tiles_per_slot,
+                  const GemvWorkspace& ws) {
+  constexpr int U = 128 / G / NB > 1 ? 128 / G / NB : 1;
+  const auto kernel = q4_gemv_kernel<G, NB, U, ST>;
+  const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
+                                  jobs.m[0].cols / G, 32 * NB * 4, ws);
+  kernel<<<static_cast<unsigned>((sk.warps + 3) / 4), 128, 0, st>>>(jobs, act, n, ids, x_div, sk,
+                                                                    tiles_per_slot);
+}
+
+template <int G, int NB>
+void launch_group(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
+                  const int32_t* ids, int64_t x_div, int64_t tiles, int64_t tiles_per_slot,
+                  const GemvWorkspace& ws) {
+  switch (jobs.m[0].sdtype) {
+    case kBF16:
+      launch_typed<G, NB, kBF16>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      break;
+    case kF16:
+      launch_typed<G, NB, kF16>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      break;
+    default:
+      launch_typed<G, NB, kF32>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+  }
+}
+
+}  // namespace
+
+size_t q4_act_bytes(int64_t rows, int64_t K, int group) {
+  const auto al = [](size_t b) { return (b + 255) / 256 * 256; };
+  return al(static_cast<size_t>(rows * 2 * K) * 2) +
+         al(static_cast<size_t>(rows * (K / group)) * sizeof(float)) +
+         al(static_cast<size_t>(rows) * sizeof(float));
+}
+
+Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t rows, int64_t K,
+                        int group, const GemvWorkspace& ws) {
+  TM_CUDA_REQUIRE(group == 32 || group == 64 || group == 128, "q4 gemv: group 32, 64 or 128");
+  TM_CUDA_REQUIRE(K % group == 0 && rows >= 1, "q4 gemv: columns must be whole groups");
+  TM_CUDA_REQUIRE(q4_act_bytes(rows, K, group) <= ws.act_bytes,
+                  "q4 gemv: activation workspace too small");
+  TM_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0,
+                  "q4 gemv: activations must be 16-byte aligned");
+  const auto al = [](size_t b) { return (b + 255) / 256 * 256; };
+  auto* base = static_cast<uint8_t*>(ws.act);
+  Q4Act act;
+  act.x = reinterpret_cast<__half*>(base);
+  act.ld = 2 * K;
+  base += al(static_cast<size_t>(rows * 2 * K) * 2);
+  act.sums = reinterpret_cast<float*>(base);
+  base += al(static_cast<size_t>(rows * (K / group)) * sizeof(float));
+  act.colscale = reinterpret_cast<float*>(base);
+  act.group = group;
+  q4_prepare_kernel<<<static_cast<unsigned>(rows), kQ4Threads, 0, st>>>(x, ldx, K, group, act);
+  TM_CUDA_LAUNCHED();
+  return act;
+}
+
+bool q4_mma_eligible(const DevMat& m) {
+  return m.bits == 4 && (m.group == 32 || m.group == 64 || m.group == 128) &&
+         m.cols % m.group == 0 && reinterpret_cast<uintptr_t>(m.data) % 16 == 0;
+}
+
+void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, const int32_t* ids,
+                    int64_t slots, int64_t x_div, const GemvWorkspace& ws) {
+  TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs, "q4 gemv: 1..4 matrices");
+  TM_CUDA_REQUIRE(ids != nullptr || (n >= 1 && n <= 16), "q4 gemv: 1..16 activation rows");
+  TM_CUDA_REQUIRE(ids == nullptr || slots >= 1, "q4 gemv: no slots");
+  int64_t tiles_per_slot = 0;
+  for (int j = 0; j < jobs.count; ++j) {
+    TM_CUDA_REQUIRE(q4_mma_eligible(jobs.m[j]) && jobs.m[j].group == act.group &&
+                        jobs.m[j].cols == act.ld / 2 && jobs.m[j].sdtype == jobs.m[0].sdtype,
+                    "q4 gemv: matrices must match the prepared activations");
+    jobs.first_tile[j] = tiles_per_slot;
+    tiles_per_slot += (jobs.m[j].rows + 15) / 16;
+  }
+  jobs.first_tile[jobs.count] = tiles_per_slot;
+  const int64_t tiles = tiles_per_slot * (ids ? slots : 1);
+  const bool two = ids == nullptr && n > 8;
+  switch (act.group) {
+    case 32:
+      two ? launch_group<32, 2>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws)
+          : launch_group<32, 1>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      break;
+    case 64:
+      two ? launch_group<64, 2>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws)
+          : launch_group<64, 1>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      break;
+    default:
+      two ? launch_group<128, 2>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws)
+          : launch_group<128, 1>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+  }
+  TM_CUDA_LAUNCHED();
+}
+
+}  // namespace tokenmill::cuda

@@ -1,0 +1,67 @@
+// Internal to backend/cuda (.cu files): stream-K work division for the decode GEMVs.
+//
+// Why: a decode GEMV is one wave of blocks or a little more, and a partial last wave runs at a
+// fraction of the bandwidth while it takes as long as a full one (measured: a 17408x5120 bf16
+// GEMV launched 1,088 blocks for 1,056 resident slots and lost a third of its time to the 32
+// left over). So the launch has exactly as many warps as fit on the device at once, and the
+// flattened work (tiles x k-steps) is cut into equal contiguous ranges, one per warp.
+//
+// A tile whose steps are split between warps is combined deterministically: each warp writes its
+// partial to its own slot (slot 0 if its range started inside the tile, else slot 1), then bumps
+// the tile's counter; the warp that arrives last adds the partials in warp order, writes the
+// output and resets the counter to zero (ready for the next launch or graph replay). The sum
+// order is fixed by the partition, never by timing.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tokenmill::cuda {
+
+struct StreamK {
+  int64_t tiles = 0;          // work tiles (a tile: the rows one warp computes together)
+  int64_t steps = 0;          // k-steps per tile
+  int64_t warps = 0;          // warps launched (<= tiles * steps)
+  float* partials = nullptr;  // [warps][2][slot_floats]
+  int* counters = nullptr;    // [tiles], zero outside a launch
+  int slot_floats = 0;
+
+  __device__ int64_t total() const { return tiles * steps; }
+  __device__ int64_t lo(int64_t w) const { return w * total() / warps; }
+  // The warp whose range holds flattened step p (the largest w with lo(w) <= p).
+  __device__ int64_t warp_of(int64_t p) const { return ((p + 1) * warps - 1) / total(); }
+  // The slot warp w used for tile t (it must cover part of t).
+  __device__ int slot_of(int64_t w, int64_t t) const {
+    const int64_t l = lo(w);
+    return l / steps == t && l > t * steps ? 0 : 1;
+  }
+};
+
+// Called by all 32 lanes of the warp that computed steps [k0, k1) of tile t, a strict part of it,
+// after it wrote its `vals` (this lane's share, `count` floats at lane*count) to its slot.
+// Returns true on the one warp that must now write the tile's output; `vals` then holds the
+// lane's share of the complete sums.
+__device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int64_t t, int slot,
+                                              float* vals, int count) {
+  const int lane = threadIdx.x & 31;
+  float* mine = sk.partials + (w * 2 + slot) * sk.slot_floats + lane * count;
+  for (int i = 0; i < count; ++i) mine[i] = vals[i];
+  __threadfence();
+  __syncwarp();
+  int last = 0;
+  const int64_t w0 = sk.warp_of(t * sk.steps), w1 = sk.warp_of((t + 1) * sk.steps - 1);
+  if (lane == 0) last = atomicAdd(sk.counters + t, 1) == static_cast<int>(w1 - w0);
+  last = __shfl_sync(0xffffffffu, last, 0);
+  if (!last) return false;
+  __threadfence();
+  for (int i = 0; i < count; ++i) vals[i] = 0.0f;
+  for (int64_t ww = w0; ww <= w1; ++ww) {
+    const float* p = sk.partials + (ww * 2 + sk.slot_of(ww, t)) * sk.slot_floats + lane * count;
+    for (int i = 0; i < count; ++i) vals[i] += __ldcg(p + i);  // past L1: other SMs wrote it
+  }
+  if (lane == 0) sk.counters[t] = 0;
+  return true;
+}
+
+}  // namespace tokenmill::cuda
