@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include <cfloat>
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemv.h"
@@ -172,118 +173,117 @@ __device__ __forceinline__ float scale_at(const uint8_t* base, int i) {
   }
 }
 
-// Groups [k0, k1) of one 16-row tile: lane (g = lane/4, t = lane%4) holds rows g and g+8 and
-// words [t*W, t*W+W) of each group. Columns (activation rows) are the mma's n: NB blocks of 8.
-// Returns this lane's C fragments: rows g, g+8 x columns 2t, 2t+1, per column block.
-// Offsets inside a row are 32-bit (a row is < 2 GB); row bases are computed once per tile.
-template <int G, int NB, int U, int ST>
-__device__ __forceinline__ void q4_tile_dot(const Q4Tile& q, const Q4Act& act, int k0, int k1,
-                                            float (&tot)[NB][4]) {
-  constexpr int W = G / 32;
-  constexpr int kSB = ST == kF32 ? 4 : 2;
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const DevMat& m = q.m;
-  const int groups = static_cast<int>(m.cols / G);
-  const int64_t row_a = min(q.r0 + g, m.rows - 1), row_b = min(q.r0 + g + 8, m.rows - 1);
-  const uint8_t* pa = m.data + row_a * m.row_bytes + t * W * 4;
-  const uint8_t* pb = m.data + row_b * m.row_bytes + t * W * 4;
-  const uint8_t* sca = m.scales + row_a * groups * kSB;
-  const uint8_t* bia = m.biases + row_a * groups * kSB;
-  const uint8_t* scb = m.scales + row_b * groups * kSB;
-  const uint8_t* bib = m.biases + row_b * groups * kSB;
-  const uint4* xh[NB];
-  const float* xs_a[NB];
-  const float* xs_b[NB];
-  bool has_x[NB], has_a[NB], has_b[NB];
+// Groups [k0, k1) of one 16-row tile. Lane (g = lane/4, t = lane%4) holds weight rows g and g+8
+// and words [t*W, t*W+W) of each group. The mma's 8 columns carry up to 4 activation rows per
+// column block, hi and lo parts side by side (column 2i: row i's hi part, 2i+1: its lo part), so
+// one mma serves both parts, and the lane's C fragment (columns 2t, 2t+1) is exactly activation
+// row t of the block: hi + lo. Returns tot[cb][0] (row g) and tot[cb][1] (row g+8) for
+// activation row 4*cb + t. Offsets inside a row are 32-bit; row bases are computed once.
+template <int G, int CB, int U, int ST>
+struct Q4TileDot {
+  static constexpr int W = G / 32;
+  static constexpr int kSB = ST == kF32 ? 4 : 2;
+  struct Buf {
+    Words<W> wa[U], wb[U];
+    float sa[U], ba[U], sb[U], bb[U];
+  };
+  const uint8_t *pa, *pb, *sca, *bia, *scb, *bib;
+  const uint4* xp[CB];  // this lane's B column (hi or lo part of one activation row)
+  const float* xs[CB];  // per-group sums of this lane's C activation row
+  bool has_x[CB], has_s[CB];
+  int k1;
+
+  __device__ Q4TileDot(const Q4Tile& q, const Q4Act& act, int end) : k1(end) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const DevMat& m = q.m;
+    const int groups = static_cast<int>(m.cols / G);
+    const int64_t ra = min(q.r0 + g, m.rows - 1), rb = min(q.r0 + g + 8, m.rows - 1);
+    pa = m.data + ra * m.row_bytes + t * W * 4;
+    pb = m.data + rb * m.row_bytes + t * W * 4;
+    sca = m.scales + ra * groups * kSB;
+    bia = m.biases + ra * groups * kSB;
+    scb = m.scales + rb * groups * kSB;
+    bib = m.biases + rb * groups * kSB;
+    const int64_t K = act.ld / 2;
 #pragma unroll
-  for (int nb = 0; nb < NB; ++nb) {
-    const int c = nb * 8 + g, cA = nb * 8 + 2 * t;
-    has_x[nb] = c < q.ncols;
-    has_a[nb] = cA < q.ncols;
-    has_b[nb] = cA + 1 < q.ncols;
-    xh[nb] =
-        reinterpret_cast<const uint4*>(act.x + (q.cbase + (has_x[nb] ? c : 0)) * act.ld) + t * W;
-    xs_a[nb] = act.sums + (q.cbase + (has_a[nb] ? cA : 0)) * groups;
-    xs_b[nb] = act.sums + (q.cbase + (has_b[nb] ? cA + 1 : 0)) * groups;
+    for (int cb = 0; cb < CB; ++cb) {
+      const int xr = cb * 4 + g / 2, sr = cb * 4 + t;  // activation rows of the B and C columns
+      has_x[cb] = xr < q.ncols;
+      has_s[cb] = sr < q.ncols;
+      xp[cb] = reinterpret_cast<const uint4*>(act.x + (q.cbase + (has_x[cb] ? xr : 0)) * act.ld +
+                                              (g & 1) * K) +
+               t * W;
+      xs[cb] = act.sums + (q.cbase + (has_s[cb] ? sr : 0)) * groups;
+    }
   }
-  const int lo_off = static_cast<int>(act.ld / 16);  // uint4s from a hi word to its lo word
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) tot[nb][i] = 0.0f;
-  // Weights and scales (HBM) are loaded one iteration ahead; activations and their sums (a few
-  // KB, L1/L2-resident) when used.
-  Words<W> wa[U], wb[U];
-  float sa[U], ba[U], sb[U], bb[U];
-  auto load_weights = [&](int base) {
+
+  __device__ __forceinline__ void load(Buf& b, int base) const {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int grp = base + u;
       if (grp < k1) {
-        wa[u] = load_words<W>(pa + grp * (G / 2));
-        wb[u] = load_words<W>(pb + grp * (G / 2));
-        sa[u] = scale_at<ST>(sca, grp);
-        ba[u] = scale_at<ST>(bia, grp);
-        sb[u] = scale_at<ST>(scb, grp);
-        bb[u] = scale_at<ST>(bib, grp);
+        b.wa[u] = load_words<W>(pa + grp * (G / 2));
+        b.wb[u] = load_words<W>(pb + grp * (G / 2));
+        b.sa[u] = scale_at<ST>(sca, grp);
+        b.ba[u] = scale_at<ST>(bia, grp);
+        b.sb[u] = scale_at<ST>(scb, grp);
+        b.bb[u] = scale_at<ST>(bib, grp);
       }
     }
-  };
-  load_weights(k0);
-  for (int base = k0; base < k1; base += U) {
-    Words<W> ca[U], cb[U];
-    float csa[U], cba[U], csb[U], cbb[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      ca[u] = wa[u], cb[u] = wb[u], csa[u] = sa[u], cba[u] = ba[u], csb[u] = sb[u], cbb[u] = bb[u];
-    }
-    load_weights(base + U);
+  }
+
+  __device__ __forceinline__ void compute(const Buf& b, int base, float (&tot)[CB][2]) const {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int grp = base + u;
       if (grp >= k1) break;
-      float d[NB][4];
+      float d[CB][4];
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
+      for (int cb = 0; cb < CB; ++cb)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) d[nb][i] = 0.0f;
+        for (int i = 0; i < 4; ++i) d[cb][i] = 0.0f;
 #pragma unroll
       for (int w = 0; w < W; ++w) {
         uint32_t ea[4], eb[4];
-        unpack_word(ca[u].v[w], ea);
-        unpack_word(cb[u].v[w], eb);
+        unpack_word(b.wa[u].v[w], ea);
+        unpack_word(b.wb[u].v[w], eb);
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-          uint4 h = make_uint4(0, 0, 0, 0), l = h;
-          if (has_x[nb]) {
-            const uint4* xp = xh[nb] + grp * (G / 8) + w;
-            h = __ldg(xp);
-            l = __ldg(xp + lo_off);
-          }
-          mma_f16(d[nb], ea[0], eb[0], ea[1], eb[1], h.x, h.y);
-          mma_f16(d[nb], ea[2], eb[2], ea[3], eb[3], h.z, h.w);
-          mma_f16(d[nb], ea[0], eb[0], ea[1], eb[1], l.x, l.y);
-          mma_f16(d[nb], ea[2], eb[2], ea[3], eb[3], l.z, l.w);
+        for (int cb = 0; cb < CB; ++cb) {
+          const uint4 x = has_x[cb] ? __ldg(xp[cb] + grp * (G / 8) + w) : make_uint4(0, 0, 0, 0);
+          mma_f16(d[cb], ea[0], eb[0], ea[1], eb[1], x.x, x.y);
+          mma_f16(d[cb], ea[2], eb[2], ea[3], eb[3], x.z, x.w);
         }
       }
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        const float A = has_a[nb] ? __ldg(xs_a[nb] + grp) : 0.0f;
-        const float B = has_b[nb] ? __ldg(xs_b[nb] + grp) : 0.0f;
-        tot[nb][0] += csa[u] * d[nb][0] + cba[u] * A;
-        tot[nb][1] += csa[u] * d[nb][1] + cba[u] * B;
-        tot[nb][2] += csb[u] * d[nb][2] + cbb[u] * A;
-        tot[nb][3] += csb[u] * d[nb][3] + cbb[u] * B;
+      for (int cb = 0; cb < CB; ++cb) {
+        const float X = has_s[cb] ? __ldg(xs[cb] + grp) : 0.0f;
+        tot[cb][0] += b.sa[u] * (d[cb][0] + d[cb][1]) + b.ba[u] * X;
+        tot[cb][1] += b.sb[u] * (d[cb][2] + d[cb][3]) + b.bb[u] * X;
       }
     }
   }
-}
+
+  // Weights and scales (HBM) are loaded a buffer ahead (two buffers, no copies); activations
+  // and their sums (a few KB, L1/L2-resident) when used.
+  __device__ __forceinline__ void run(int k0, float (&tot)[CB][2]) const {
+#pragma unroll
+    for (int cb = 0; cb < CB; ++cb) tot[cb][0] = tot[cb][1] = 0.0f;
+    Buf b0, b1;
+    load(b0, k0);
+    for (int base = k0; base < k1; base += 2 * U) {
+      load(b1, base + U);
+      compute(b0, base, tot);
+      load(b0, base + 2 * U);
+      compute(b1, base + U, tot);
+    }
+  }
+};
 
 // Each warp takes an equal range of the flattened (tile, group) work (cuda_streamk.cuh).
-template <int G, int NB, int U, int ST>
-__global__ void __launch_bounds__(128, 4)
-    q4_gemv_kernel(GemvJobs jobs, Q4Act act, int n, const int32_t* __restrict__ ids, int64_t x_div,
-                   StreamK sk, int64_t tiles_per_slot) {
+template <int G, int CB, int U, int ST>
+__global__ void __launch_bounds__(128, CB == 1 ? 4 : 2)
+    q4_gemv_kernel(GemvJobs jobs, Q4Act act, int n, const int32_t* __restrict__ ids,
+                   int64_t x_div, StreamK sk, int64_t tiles_per_slot) {
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -293,61 +293,60 @@ __global__ void __launch_bounds__(128, 4)
     const int64_t k1 = min(sk.steps, end - tile * sk.steps);
     p = tile * sk.steps + k1;
     const Q4Tile q = q4_tile(jobs, tile, tiles_per_slot, n, ids, x_div);
-    float tot[NB][4];
+    float tot[CB][2];
     if (q.bad_expert) {  // the router never produces one; make it visible
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) tot[nb][i] = __int_as_float(0x7fc00000);
+      for (int cb = 0; cb < CB; ++cb) tot[cb][0] = tot[cb][1] = __int_as_float(0x7fc00000);
     } else {
-      q4_tile_dot<G, NB, U, ST>(q, act, static_cast<int>(k0), static_cast<int>(k1), tot);
+      Q4TileDot<G, CB, U, ST>(q, act, static_cast<int>(k1)).run(static_cast<int>(k0), tot);
     }
     if (k0 > 0 || k1 < sk.steps) {
-      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, &tot[0][0], NB * 4)) continue;
+      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, &tot[0][0], CB * 2)) continue;
     }
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
+    for (int cb = 0; cb < CB; ++cb) {
+      const int c = cb * 4 + t;  // activation row
+      if (c >= q.ncols) continue;
+      const float scale = act.colscale[q.cbase + c];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = nb * 8 + 2 * t + (i & 1);
-        const int64_t r = q.r0 + g + (i >= 2 ? 8 : 0);
-        if (c >= q.ncols || r >= q.m.rows) continue;
-        const float v = tot[nb][i] * act.colscale[q.cbase + c];
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = q.r0 + g + 8 * h;
+        if (r >= q.m.rows) continue;
         if (ids != nullptr) {
-          q.out[r] = v;
+          q.out[r] = tot[cb][h] * scale;
         } else {
-          q.out[c * q.m.rows + r] = v;
+          q.out[c * q.m.rows + r] = tot[cb][h] * scale;
         }
       }
     }
   }
 }
 
-template <int G, int NB, int ST>
+template <int G, int CB, int ST>
 void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
                   const int32_t* ids, int64_t x_div, int64_t tiles, int64_t tiles_per_slot,
                   const GemvWorkspace& ws) {
-  constexpr int U = 128 / G / NB > 1 ? 128 / G / NB : 1;
-  const auto kernel = q4_gemv_kernel<G, NB, U, ST>;
+  constexpr int U = G == 32 ? 2 : G == 64 ? 2 : 1;  // groups per buffer
+  const auto kernel = q4_gemv_kernel<G, CB, U, ST>;
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
-                                  jobs.m[0].cols / G, 32 * NB * 4, ws);
+                                  jobs.m[0].cols / G, 32 * CB * 2, ws);
   kernel<<<static_cast<unsigned>((sk.warps + 3) / 4), 128, 0, st>>>(jobs, act, n, ids, x_div, sk,
                                                                     tiles_per_slot);
 }
 
-template <int G, int NB>
+template <int G, int CB>
 void launch_group(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
                   const int32_t* ids, int64_t x_div, int64_t tiles, int64_t tiles_per_slot,
                   const GemvWorkspace& ws) {
   switch (jobs.m[0].sdtype) {
     case kBF16:
-      launch_typed<G, NB, kBF16>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      launch_typed<G, CB, kBF16>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
       break;
     case kF16:
-      launch_typed<G, NB, kF16>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      launch_typed<G, CB, kF16>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
       break;
     default:
-      launch_typed<G, NB, kF32>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      launch_typed<G, CB, kF32>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
   }
 }
 
@@ -403,19 +402,26 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
   }
   jobs.first_tile[jobs.count] = tiles_per_slot;
   const int64_t tiles = tiles_per_slot * (ids ? slots : 1);
-  const bool two = ids == nullptr && n > 8;
+  const int cb = ids != nullptr || n <= 4 ? 1 : n <= 8 ? 2 : 4;  // column blocks of 4 rows
+  auto by_cb = [&](auto group_tag) {
+    constexpr int G = decltype(group_tag)::value;
+    if (cb == 1) {
+      launch_group<G, 1>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+    } else if (cb == 2) {
+      launch_group<G, 2>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+    } else {
+      launch_group<G, 4>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+    }
+  };
   switch (act.group) {
     case 32:
-      two ? launch_group<32, 2>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws)
-          : launch_group<32, 1>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      by_cb(std::integral_constant<int, 32>{});
       break;
     case 64:
-      two ? launch_group<64, 2>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws)
-          : launch_group<64, 1>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      by_cb(std::integral_constant<int, 64>{});
       break;
     default:
-      two ? launch_group<128, 2>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws)
-          : launch_group<128, 1>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      by_cb(std::integral_constant<int, 128>{});
   }
   TM_CUDA_LAUNCHED();
 }
