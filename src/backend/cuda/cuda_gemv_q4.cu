@@ -237,11 +237,15 @@ struct Q4TileDot {
     for (int u = 0; u < U; ++u) {
       const int grp = base + u;
       if (grp >= k1) break;
-      float d[CB][4];
+      // One accumulator per word: the mma chains stay two long (a longer chain of dependent
+      // mmas stalls a warp, and there are few warps per SM to hide it).
+      float d[W][CB][4];
 #pragma unroll
-      for (int cb = 0; cb < CB; ++cb)
+      for (int w = 0; w < W; ++w)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) d[cb][i] = 0.0f;
+        for (int cb = 0; cb < CB; ++cb)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) d[w][cb][i] = 0.0f;
 #pragma unroll
       for (int w = 0; w < W; ++w) {
         uint32_t ea[4], eb[4];
@@ -250,15 +254,21 @@ struct Q4TileDot {
 #pragma unroll
         for (int cb = 0; cb < CB; ++cb) {
           const uint4 x = has_x[cb] ? __ldg(xp[cb] + grp * (G / 8) + w) : make_uint4(0, 0, 0, 0);
-          mma_f16(d[cb], ea[0], eb[0], ea[1], eb[1], x.x, x.y);
-          mma_f16(d[cb], ea[2], eb[2], ea[3], eb[3], x.z, x.w);
+          mma_f16(d[w][cb], ea[0], eb[0], ea[1], eb[1], x.x, x.y);
+          mma_f16(d[w][cb], ea[2], eb[2], ea[3], eb[3], x.z, x.w);
         }
       }
 #pragma unroll
+      for (int w = 1; w < W; ++w)
+#pragma unroll
+        for (int cb = 0; cb < CB; ++cb)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) d[0][cb][i] += d[w][cb][i];
+#pragma unroll
       for (int cb = 0; cb < CB; ++cb) {
         const float X = has_s[cb] ? __ldg(xs[cb] + grp) : 0.0f;
-        tot[cb][0] += b.sa[u] * (d[cb][0] + d[cb][1]) + b.ba[u] * X;
-        tot[cb][1] += b.sb[u] * (d[cb][2] + d[cb][3]) + b.bb[u] * X;
+        tot[cb][0] += b.sa[u] * (d[0][cb][0] + d[0][cb][1]) + b.ba[u] * X;
+        tot[cb][1] += b.sb[u] * (d[0][cb][2] + d[0][cb][3]) + b.bb[u] * X;
       }
     }
   }
