@@ -111,7 +111,7 @@ fi
 if want sanitizer; then
   stage sanitizer 120 compute-sanitizer --tool memcheck --error-exitcode 3 \
     "$T/tm_test_backend_cuda" \
-    --gtest_filter='CudaOps.*:CudaAttention.*:CudaGdn.*:CudaMoe.*:CudaLinear.StackedExperts*'
+    --gtest_filter='CudaOps.*:CudaAttention.*:CudaGdn.*:CudaMoe.*:CudaLinear.StackedExperts*:CudaLinear.MultiMatches*:CudaLinear.Q4Decode*'
   grep -E "ERROR SUMMARY|FAILED|PASSED" "$OUT/sanitizer.log" 2>/dev/null | head -5 >> "$SUMMARY"
 fi
 note "gpu_test done in $(( $(date +%s) - START ))s"

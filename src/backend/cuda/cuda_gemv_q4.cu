@@ -25,6 +25,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <type_traits>
 
@@ -45,27 +46,44 @@ __device__ __forceinline__ float block_max_abs(float v, float* red) {
   return warp_max(lane < nw ? red[lane] : 0.0f);
 }
 
-// One block per activation row c: scale, split, reorder, and the per-group sums.
+// Block (c, p): activation row c, part p of its words (parts of whole warps, so a group's words
+// stay in one warp). Every part computes the row's max itself (the row is a few KB in L2) and
+// converts its own words: a decode row is then spread over several SMs instead of one.
 __global__ void __launch_bounds__(kQ4Threads)
     q4_prepare_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, int group, Q4Act act) {
   __shared__ float red[32];
   const int64_t c = blockIdx.x;
   const float* xr = x + c * ldx;
-  float m = 0.0f;
-  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, fabsf(xr[k]));
-  m = block_max_abs(m, red);
-  int e = 0;  // x is multiplied by 2^e
-  if (m > 0.0f && m <= FLT_MAX) e = min(max(14 - ilogbf(m), -126), 126);
-  const float f = ldexpf(1.0f, e);
-  if (threadIdx.x == 0) act.colscale[c] = ldexpf(1.0f, -e);
   const int64_t words = K / 8, groups = K / group;
+  const int64_t per_part = (words + gridDim.y - 1) / gridDim.y;
+  const int64_t part = (per_part + 31) / 32 * 32;
+  const int64_t first = blockIdx.y * part, last = min(words, first + part);
+  // 16-byte loads, four in flight per thread: a scalar loop here waited on one L2 round trip
+  // per element and made this kernel take 11 us for a 5120-wide row.
+  const float4* x4 = reinterpret_cast<const float4*>(xr);
+  float m = 0.0f;
+#pragma unroll 4
+  for (int64_t k = threadIdx.x; k < K / 4; k += blockDim.x) {
+    const float4 v = x4[k];
+    m = fmaxf(fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
+  }
+  m = block_max_abs(m, red);
+  // x is multiplied by 2^e, e from m's exponent bits (m subnormal: e = 126).
+  int e = 0;
+  if (m > 0.0f && m <= FLT_MAX) {
+    e = min(14 - (static_cast<int>((__float_as_uint(m) >> 23) & 0xff) - 127), 126);
+  }
+  const float f = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
+  if (threadIdx.x == 0 && blockIdx.y == 0) {
+    act.colscale[c] = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+  }
   const int wpg = group / 8;  // words per group: 4, 8 or 16, aligned runs of lanes in a warp
   __half* hi_row = act.x + c * act.ld;
   __half* lo_row = hi_row + K;
-  for (int64_t base = 0; base < words; base += blockDim.x) {  // uniform trip count (shuffles)
+  for (int64_t base = first; base < last; base += blockDim.x) {  // uniform trip count (shuffles)
     const int64_t j = base + threadIdx.x;
     float X = 0.0f;
-    if (j < words) {
+    if (j < last) {
       const float4 a = reinterpret_cast<const float4*>(xr)[2 * j];
       const float4 b = reinterpret_cast<const float4*>(xr)[2 * j + 1];
       const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -86,7 +104,7 @@ __global__ void __launch_bounds__(kQ4Threads)
       reinterpret_cast<uint4*>(lo_row)[j] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
     }
     for (int o = 1; o < wpg; o <<= 1) X += __shfl_xor_sync(0xffffffffu, X, o);
-    if (j < words && j % wpg == 0) act.sums[c * groups + j / wpg] = X;
+    if (j < last && j % wpg == 0) act.sums[c * groups + j / wpg] = X;
   }
 }
 
@@ -188,8 +206,13 @@ struct Q4TileDot {
     float sa[U], ba[U], sb[U], bb[U];
   };
   const uint8_t *pa, *pb, *sca, *bia, *scb, *bib;
-  const uint4* xp[CB];  // this lane's B column (hi or lo part of one activation row)
-  const float* xs[CB];  // per-group sums of this lane's C activation row
+  // 32-bit offsets from act.x (in 16-byte units) and act.sums: cheap to recompute when the
+  // compiler rematerializes them under register pressure (64-bit pointers cost ~12
+  // instructions per load there, measured in the SASS).
+  const uint4* xbase;
+  const float* sbase;
+  uint32_t xoff[CB];  // this lane's B column (hi or lo part of one activation row)
+  uint32_t soff[CB];  // per-group sums of this lane's C activation row
   bool has_x[CB], has_s[CB];
   int k1;
 
@@ -205,15 +228,16 @@ struct Q4TileDot {
     scb = m.scales + rb * groups * kSB;
     bib = m.biases + rb * groups * kSB;
     const int64_t K = act.ld / 2;
+    xbase = reinterpret_cast<const uint4*>(act.x);
+    sbase = act.sums;
 #pragma unroll
     for (int cb = 0; cb < CB; ++cb) {
       const int xr = cb * 4 + g / 2, sr = cb * 4 + t;  // activation rows of the B and C columns
       has_x[cb] = xr < q.ncols;
       has_s[cb] = sr < q.ncols;
-      xp[cb] = reinterpret_cast<const uint4*>(act.x + (q.cbase + (has_x[cb] ? xr : 0)) * act.ld +
-                                              (g & 1) * K) +
-               t * W;
-      xs[cb] = act.sums + (q.cbase + (has_s[cb] ? sr : 0)) * groups;
+      xoff[cb] = static_cast<uint32_t>(
+          ((q.cbase + (has_x[cb] ? xr : 0)) * act.ld + (g & 1) * K) / 8 + t * W);
+      soff[cb] = static_cast<uint32_t>((q.cbase + (has_s[cb] ? sr : 0)) * groups);
     }
   }
 
@@ -253,7 +277,8 @@ struct Q4TileDot {
         unpack_word(b.wb[u].v[w], eb);
 #pragma unroll
         for (int cb = 0; cb < CB; ++cb) {
-          const uint4 x = has_x[cb] ? __ldg(xp[cb] + grp * (G / 8) + w) : make_uint4(0, 0, 0, 0);
+          const uint4 x = has_x[cb] ? __ldg(xbase + (xoff[cb] + grp * (G / 8) + w))
+                                    : make_uint4(0, 0, 0, 0);
           mma_f16(d[w][cb], ea[0], eb[0], ea[1], eb[1], x.x, x.y);
           mma_f16(d[w][cb], ea[2], eb[2], ea[3], eb[3], x.z, x.w);
         }
@@ -266,7 +291,7 @@ struct Q4TileDot {
           for (int i = 0; i < 4; ++i) d[0][cb][i] += d[w][cb][i];
 #pragma unroll
       for (int cb = 0; cb < CB; ++cb) {
-        const float X = has_s[cb] ? __ldg(xs[cb] + grp) : 0.0f;
+        const float X = has_s[cb] ? __ldg(sbase + (soff[cb] + grp)) : 0.0f;
         tot[cb][0] += b.sa[u] * (d[0][cb][0] + d[0][cb][1]) + b.ba[u] * X;
         tot[cb][1] += b.sb[u] * (d[0][cb][2] + d[0][cb][3]) + b.bb[u] * X;
       }
@@ -387,7 +412,9 @@ Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t ro
   base += al(static_cast<size_t>(rows * (K / group)) * sizeof(float));
   act.colscale = reinterpret_cast<float*>(base);
   act.group = group;
-  q4_prepare_kernel<<<static_cast<unsigned>(rows), kQ4Threads, 0, st>>>(x, ldx, K, group, act);
+  const int64_t parts = std::clamp<int64_t>(K / 8 / kQ4Threads, 1, 16);
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(parts));
+  q4_prepare_kernel<<<grid, kQ4Threads, 0, st>>>(x, ldx, K, group, act);
   TM_CUDA_LAUNCHED();
   return act;
 }
