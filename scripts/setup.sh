@@ -12,7 +12,7 @@ apt_packages=(
   build-essential cmake ninja-build pkg-config git clang clang-format libclang-rt-14-dev
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
   libpcre2-dev libutf8proc-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-jinja2 python3-numpy gnuplot-nox
+  python3 python3-jinja2 python3-numpy
 )
 missing=()
 for p in "${apt_packages[@]}"; do

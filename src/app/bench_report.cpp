@@ -1,8 +1,6 @@
 #include "app/bench_report.h"
 
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -68,40 +66,6 @@ void write_report_json(const BenchReport& r, const std::string& path) {
   std::ofstream f(path);
   if (!f) fail("{}: cannot write the JSON report", path);
   f << j.dump(2) << "\n";
-  std::fprintf(stderr, "wrote %s\n", path.c_str());
-}
-
-void write_report_chart(const BenchReport& r, const std::string& path) {
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    std::fprintf(stderr,
-                 "warning: gnuplot not found (apt-get install gnuplot-nox): no chart written\n");
-    return;
-  }
-  std::string base = path + ".data";
-  {
-    std::ofstream d(base);
-    d << "# context decode_tok_s\n";
-    for (const auto& x : r.decode) d << x.context << " " << x.tok_s << "\n";
-    d << "\n\n# seqs aggregate_tok_s\n";
-    for (const auto& x : r.batch) d << x.seqs << " " << x.aggregate_tok_s << "\n";
-  }
-  std::string script = path + ".gp";
-  {
-    std::ofstream g(script);
-    g << "set terminal svg size 960,420 dynamic\nset output '" << path << "'\n"
-      << "set multiplot layout 1,2 title \"" << r.model << " on " << r.device << "\"\n"
-      << "set logscale x 2\nset grid\nset xlabel 'context (tokens)'\nset ylabel 'decode tok/s'\n"
-      << "plot '" << base << "' index 0 using 1:2 with linespoints lw 2 title 'decode'\n"
-      << "set xlabel 'concurrent sequences'\nset ylabel 'aggregate tok/s'\n"
-      << "plot '" << base << "' index 1 using 1:2 with linespoints lw 2 title 'aggregate'\n"
-      << "unset multiplot\n";
-  }
-  if (std::system(("gnuplot '" + script + "'").c_str()) != 0) {
-    std::fprintf(stderr, "warning: gnuplot failed on %s: no chart written\n", script.c_str());
-    return;
-  }
-  std::filesystem::remove(script);
-  std::filesystem::remove(base);
   std::fprintf(stderr, "wrote %s\n", path.c_str());
 }
 

@@ -31,7 +31,9 @@ struct BenchReport {
 
 void print_report(const BenchReport& r);
 void write_report_json(const BenchReport& r, const std::string& path);
-// SVG through gnuplot (Debian gnuplot-nox). Warns (does not fail) when gnuplot is missing.
+// The chart as an SVG document (bench_chart.cpp): decode tok/s against context and aggregate
+// tok/s against concurrent sequences.
+std::string report_chart_svg(const BenchReport& r);
 void write_report_chart(const BenchReport& r, const std::string& path);
 
 }  // namespace tokenmill::app

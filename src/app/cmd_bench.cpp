@@ -221,8 +221,7 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--cache-mb", opt->cache_mb, "KV/state memory (default: what the runs need)");
   cmd->add_option("--json", opt->json_path, "JSON output file")->capture_default_str();
-  cmd->add_option("--chart", opt->chart_path, "Chart output (SVG, via gnuplot)")
-      ->capture_default_str();
+  cmd->add_option("--chart", opt->chart_path, "Chart output (SVG)")->capture_default_str();
   add_device_options(*cmd, opt->device);
   cmd->callback([opt] { bench_command(*opt); });
 }

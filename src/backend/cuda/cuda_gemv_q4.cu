@@ -277,8 +277,8 @@ struct Q4TileDot {
         unpack_word(b.wb[u].v[w], eb);
 #pragma unroll
         for (int cb = 0; cb < CB; ++cb) {
-          const uint4 x = has_x[cb] ? __ldg(xbase + (xoff[cb] + grp * (G / 8) + w))
-                                    : make_uint4(0, 0, 0, 0);
+          const uint4 x =
+              has_x[cb] ? __ldg(xbase + (xoff[cb] + grp * (G / 8) + w)) : make_uint4(0, 0, 0, 0);
           mma_f16(d[w][cb], ea[0], eb[0], ea[1], eb[1], x.x, x.y);
           mma_f16(d[w][cb], ea[2], eb[2], ea[3], eb[3], x.z, x.w);
         }
@@ -317,8 +317,8 @@ struct Q4TileDot {
 // Each warp takes an equal range of the flattened (tile, group) work (cuda_streamk.cuh).
 template <int G, int CB, int U, int ST>
 __global__ void __launch_bounds__(128, CB == 1 ? 4 : 2)
-    q4_gemv_kernel(GemvJobs jobs, Q4Act act, int n, const int32_t* __restrict__ ids,
-                   int64_t x_div, StreamK sk, int64_t tiles_per_slot) {
+    q4_gemv_kernel(GemvJobs jobs, Q4Act act, int n, const int32_t* __restrict__ ids, int64_t x_div,
+                   StreamK sk, int64_t tiles_per_slot) {
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
