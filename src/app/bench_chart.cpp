@@ -12,6 +12,7 @@
 
 #include "app/bench_report.h"
 #include "util/error.h"
+#include "util/escape.h"
 
 namespace tokenmill::app {
 
@@ -19,29 +20,6 @@ namespace {
 
 constexpr double kWidth = 960, kHeight = 420, kPanelWidth = kWidth / 2;
 constexpr double kLeft = 70, kRight = 24, kTop = 76, kBottom = 56;
-
-std::string xml_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 std::string num(double v, int decimals = 1) {
   char buf[32];
@@ -67,8 +45,8 @@ void panel(std::ostringstream& svg, double x0, const std::string& xlabel, const 
   svg << "<rect x=\"" << num(left) << "\" y=\"" << num(top) << "\" width=\"" << num(right - left)
       << "\" height=\"" << num(bottom - top) << "\" fill=\"none\" stroke=\"#444\"/>\n";
   svg << "<text x=\"" << num((left + right) / 2) << "\" y=\"" << num(kHeight - 14)
-      << "\" text-anchor=\"middle\">" << xml_escape(xlabel) << "</text>\n";
-  svg << "<text x=\"" << num(left) << "\" y=\"" << num(top - 8) << "\">" << xml_escape(ylabel)
+      << "\" text-anchor=\"middle\">" << html_escape(xlabel) << "</text>\n";
+  svg << "<text x=\"" << num(left) << "\" y=\"" << num(top - 8) << "\">" << html_escape(ylabel)
       << "</text>\n";
   std::erase_if(pts, [](const auto& p) { return !(p.first > 0) || !std::isfinite(p.second); });
   if (pts.empty()) {
@@ -123,10 +101,10 @@ std::string report_chart_svg(const BenchReport& r) {
       << "\" font-family=\"sans-serif\" font-size=\"13\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       << "<text x=\"" << kWidth / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">"
-      << xml_escape(r.model + " on " + r.device) << "</text>\n"
+      << html_escape(r.model + " on " + r.device) << "</text>\n"
       << "<text x=\"" << kWidth / 2 << "\" y=\"44\" text-anchor=\"middle\" fill=\"#555\">"
-      << xml_escape("read bandwidth " + num(r.read_gbps) + " GB/s, " +
-                    num(r.weight_bytes_per_token / 1e9 * 1000) + " MB of weights per token")
+      << html_escape("read bandwidth " + num(r.read_gbps) + " GB/s, " +
+                     num(r.weight_bytes_per_token / 1e9, 3) + " GB of weights read per token")
       << "</text>\n";
   std::vector<std::pair<double, double>> decode, batch;
   for (const auto& d : r.decode) decode.emplace_back(d.context, d.tok_s);

@@ -7,6 +7,7 @@
 
 #include "text/jinja_interp.h"
 #include "text/jinja_parser.h"
+#include "util/escape.h"
 
 namespace tokenmill::jinja {
 namespace {
@@ -136,29 +137,7 @@ Value f_dictsort(Interp& in, const Value& v, CallArgs& a) {
 
 Value f_escape(Interp&, const Value& v, CallArgs& a) {
   Params p("escape", a, {});
-  std::string out;
-  for (char c : py_str(v)) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&#34;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return Value(out);
+  return Value(html_escape(py_str(v)));
 }
 
 Value f_first(Interp&, const Value& v, CallArgs& a) {

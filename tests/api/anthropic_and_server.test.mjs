@@ -106,7 +106,14 @@ test('a client that disconnects mid-stream frees its sequence', async () => {
   });
   const reader = r.body.getReader();
   await reader.read();
-  let running = (await status()).models[0].sequences.running;
+  // The first chunk can leave before the engine admits the request (it is queued for a step),
+  // so wait for it to be running.
+  let running = 0;
+  for (const t1 = Date.now(); Date.now() - t1 < 2000; ) {
+    running = (await status()).models[0].sequences.running;
+    if (running === 1) break;
+    await new Promise((res) => setTimeout(res, 10));
+  }
   assert.equal(running, 1, 'the stream is running before the disconnect');
   ctl.abort();
   const t0 = Date.now();

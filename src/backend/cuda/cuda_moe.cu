@@ -48,7 +48,7 @@ void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, cons
   float* dn = upo + slots * inter;
   const size_t ws = kGemvWorkspaceBytes;
   if (cuda::q4_mma_eligible(mg) && cuda::q4_mma_eligible(mu) && cuda::q4_mma_eligible(md) &&
-      mg.group == mu.group && mg.sdtype == mu.sdtype && slots <= 65535 &&
+      mg.group == mu.group && mg.sdtype == mu.sdtype &&
       cuda::q4_act_bytes(n, hidden, mg.group) <= ws &&
       cuda::q4_act_bytes(slots, inter, md.group) <= ws &&
       reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(scratch) % 16 == 0 &&
