@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The server's overhead, measured: `tokenmill bench` on a model (the engine alone), then the same
+# model behind `tokenmill start` driven by tools/loadgen.mjs over streaming HTTP with the official
+# openai client. Prints both; writes $OUT/engine.json and $OUT/http.json.
+#   tools/http_vs_engine.sh path/to/tokenmill MODEL_DIR [STREAMS] [MAX_TOKENS] [-- extra bench args]
+# STREAMS: comma list of concurrent streams (default 1,16); MAX_TOKENS per stream (default 256).
+# Extra arguments after -- go to both bench and start (e.g. --device cuda).
+set -euo pipefail
+bin="$(realpath "$1")"
+model="$(realpath "$2")"
+streams="${3:-1,16}"
+max_tokens="${4:-256}"
+shift $(($# < 4 ? $# : 4))
+[ "${1:-}" = "--" ] && shift
+extra=("$@")
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${OUT:-$(mktemp -d)}"
+mkdir -p "$out"
+[ -d "$root/node_modules/openai" ] || { echo "http_vs_engine: node_modules missing: run npm ci"; exit 1; }
+max_streams=$(tr ',' '\n' <<< "$streams" | sort -n | tail -1)
+
+echo "== engine: tokenmill bench"
+"$bin" bench "$model" --prompt-lengths 64 --contexts 128 --batches "$streams" \
+  --decode-tokens "$max_tokens" --json "$out/engine.json" --chart "$out/engine.svg" "${extra[@]}" |
+  grep -E "decode @|batch "
+
+state="$(mktemp -d)"
+port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+cat > "$state/settings.json" <<JSON
+{"limits": {"max_seqs": $max_streams},
+ "models": [{"path": "$model", "name": "bench", "max_output_tokens": $((max_tokens + 16))}]}
+JSON
+cleanup() {
+  "$bin" stop --state-dir "$state" --timeout 10 >/dev/null 2>&1 || true
+  rm -rf "$state"
+}
+trap cleanup EXIT
+"$bin" start --state-dir "$state" --settings "$state/settings.json" --port "$port" \
+  --api-key bench-key --wait 300 "${extra[@]}" > /dev/null
+
+echo "== HTTP: tools/loadgen.mjs (streaming chat completions, openai client)"
+node "$root/tools/loadgen.mjs" --url "http://127.0.0.1:$port" --key bench-key --model bench \
+  --streams "$streams" --max-tokens "$max_tokens" --json "$out/http.json"
+echo "results in $out"
