@@ -10,7 +10,8 @@
 #   linops (tm_bench_linear_ops: decode matmul GB/s per format against the read probe),
 #   bench (BENCH_PRESETS, default the 27B shape at q4g64 and bf16 and the 35B-A3B shape at q4g64,
 #   dummy weights generated on the device),
-#   compute-sanitizer memcheck on a short tm_test_backend_cuda filter.
+#   compute-sanitizer memcheck on a short tm_test_backend_cuda filter,
+#   http (not in the default list): server vs engine on a dummy 27B-shaped model.
 # Logs: $OUT/<stage>.log and $OUT/summary.txt (printed last).
 set -u
 : "${OUT:=/tmp/tokenmill_gpu_out}"
@@ -107,6 +108,20 @@ if want bench; then
       --chart "$OUT/bench_${p}_${q}.svg" && true
     tail -22 "$OUT/bench_${p}_${q}.log" >> "$SUMMARY"
   done
+fi
+if want http; then
+  # The server against the engine on a dummy model (tools/make_dummy_model.py), through
+  # tools/http_vs_engine.sh (needs node and node_modules with the openai client).
+  HTTP_PRESET="${HTTP_PRESET:-qwen3.5-27b:q4g64}"
+  DUMMY="${DUMMY_DIR:-/tmp/tm-dummy-${HTTP_PRESET/:/-}}"
+  python3 tools/make_dummy_model.py "$DUMMY" --preset "${HTTP_PRESET%%:*}" \
+    --quant "${HTTP_PRESET##*:}" --vocab "${HTTP_VOCAB:-248320}" >> "$SUMMARY" 2>&1
+  stage http "${HTTP_LIMIT:-300}" env OUT="$OUT/http" MEMORY_MB="${HTTP_MEMORY_MB:-24000}" \
+    PREFILL_CHUNK="${HTTP_PREFILL_CHUNK:-1024}" MAX_STEP_TOKENS="${HTTP_MAX_STEP:-2048}" \
+    LOADGEN_ARGS="${LOADGEN_ARGS:---long-prompt-words 340 --busy-streams 16}" \
+    bash tools/http_vs_engine.sh "$BUILD/tokenmill" "$DUMMY" "${HTTP_STREAMS:-1,16,64}" \
+    "${HTTP_TOKENS:-256}" -- --device cuda && true
+  tail -25 "$OUT/http.log" >> "$SUMMARY"
 fi
 if want sanitizer; then
   stage sanitizer 120 compute-sanitizer --tool memcheck --error-exitcode 3 \

@@ -5,6 +5,9 @@
 #   tools/http_vs_engine.sh path/to/tokenmill MODEL_DIR [STREAMS] [MAX_TOKENS] [-- extra bench args]
 # STREAMS: comma list of concurrent streams (default 1,16); MAX_TOKENS per stream (default 256).
 # Extra arguments after -- go to both bench and start (e.g. --device cuda).
+# Server settings from the environment: MEMORY_MB (KV + state budget, default 2048),
+# PREFILL_CHUNK (default 256), MAX_STEP_TOKENS (default 512); LOADGEN_ARGS go to loadgen.mjs.
+# MODEL_DIR may be a dummy model (tools/make_dummy_model.py) to measure real shapes.
 set -euo pipefail
 bin="$(realpath "$1")"
 model="$(realpath "$2")"
@@ -27,7 +30,9 @@ echo "== engine: tokenmill bench"
 state="$(mktemp -d)"
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 cat > "$state/settings.json" <<JSON
-{"limits": {"max_seqs": $max_streams},
+{"limits": {"max_seqs": $max_streams, "prefill_chunk": ${PREFILL_CHUNK:-256},
+            "max_step_tokens": ${MAX_STEP_TOKENS:-512}},
+ "cache": {"memory_budget_mb": ${MEMORY_MB:-2048}},
  "models": [{"path": "$model", "name": "bench", "max_output_tokens": $((max_tokens + 16))}]}
 JSON
 cleanup() {
@@ -40,5 +45,5 @@ trap cleanup EXIT
 
 echo "== HTTP: tools/loadgen.mjs (streaming chat completions, openai client)"
 node "$root/tools/loadgen.mjs" --url "http://127.0.0.1:$port" --key bench-key --model bench \
-  --streams "$streams" --max-tokens "$max_tokens" --json "$out/http.json"
+  --streams "$streams" --max-tokens "$max_tokens" --json "$out/http.json" ${LOADGEN_ARGS:-}
 echo "results in $out"

@@ -4,7 +4,9 @@
 // prompt, idle and while N streams decode. Prints a table and writes JSON.
 //
 //   node tools/loadgen.mjs --url http://127.0.0.1:8000 --key KEY --model NAME \
-//        [--streams 1,16,64] [--max-tokens 256] [--long-prompt-words 700] [--json out.json]
+//        [--streams 1,16,64] [--max-tokens 256] [--long-prompt-words 700] [--busy-streams N]
+//        [--json out.json]
+// --busy-streams: streams decoding while the long prompt's TTFT is measured (default: the most).
 //
 // Needs node_modules (npm ci at the repository root). tools/http_vs_engine.sh runs it next to
 // `tokenmill bench` on the same model.
@@ -13,7 +15,7 @@ import { writeFileSync } from 'node:fs';
 
 function args() {
   const a = { url: 'http://127.0.0.1:8000', key: '', model: 'demo', streams: '1,16', maxTokens: 256,
-              longPromptWords: 700, json: '' };
+              longPromptWords: 700, busyStreams: 0, json: '' };
   const v = process.argv.slice(2);
   for (let i = 0; i < v.length; i += 2) {
     const k = v[i], x = v[i + 1];
@@ -24,6 +26,7 @@ function args() {
     else if (k === '--streams') a.streams = x;
     else if (k === '--max-tokens') a.maxTokens = Number(x);
     else if (k === '--long-prompt-words') a.longPromptWords = Number(x);
+    else if (k === '--busy-streams') a.busyStreams = Number(x);
     else if (k === '--json') a.json = x;
     else throw new Error(`loadgen: unknown option ${k} (see the comment at the top of the file)`);
   }
@@ -42,13 +45,16 @@ async function stream(prompt, maxTokens) {
     max_tokens: maxTokens, ignore_eos: true, stream: true, stream_options: { include_usage: true },
     chat_template_kwargs: { enable_thinking: false },
   });
-  let first = null, tokens = 0;
+  let first = null, tokens = 0, promptTokens = 0;
   for await (const chunk of s) {
-    if (chunk.usage) tokens = chunk.usage.completion_tokens;
+    if (chunk.usage) {
+      tokens = chunk.usage.completion_tokens;
+      promptTokens = chunk.usage.prompt_tokens;
+    }
     const d = chunk.choices[0]?.delta;
     if (first === null && (d?.content || d?.reasoning_content)) first = now();
   }
-  return { start: t0, first: first ?? now(), end: now(), tokens };
+  return { start: t0, first: first ?? now(), end: now(), tokens, promptTokens };
 }
 
 const shortPrompt = 'Write a long story about a lighthouse keeper.';
@@ -75,14 +81,14 @@ for (const n of opt.streams.split(',').map(Number)) {
 
 // A long prompt's time to first token, idle and while the largest stream count decodes.
 const idle = await stream(longPrompt, 1);
-const n = Math.max(...opt.streams.split(',').map(Number));
+const n = opt.busyStreams || Math.max(...opt.streams.split(',').map(Number));
 const background = Array.from({ length: n }, () => stream(shortPrompt, opt.maxTokens));
 await new Promise((res) => setTimeout(res, 500));  // let them reach decode
 const busy = await stream(longPrompt, 1);
 await Promise.all(background);
-results.long_prompt = { words: opt.longPromptWords, ttft_idle_s: idle.first - idle.start,
+results.long_prompt = { words: opt.longPromptWords, prompt_tokens: idle.promptTokens, ttft_idle_s: idle.first - idle.start,
                         ttft_busy_s: busy.first - busy.start, busy_streams: n };
-console.log(`long prompt (${opt.longPromptWords} words) TTFT: idle ${results.long_prompt.ttft_idle_s.toFixed(3)} s, ` +
+console.log(`long prompt (${idle.promptTokens} tokens) TTFT: idle ${results.long_prompt.ttft_idle_s.toFixed(3)} s, ` +
             `with ${n} streams decoding ${results.long_prompt.ttft_busy_s.toFixed(3)} s ` +
             `(${(results.long_prompt.ttft_busy_s / results.long_prompt.ttft_idle_s).toFixed(2)}x)`);
 if (opt.json) writeFileSync(opt.json, JSON.stringify(results, null, 2) + '\n');

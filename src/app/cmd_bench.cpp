@@ -15,6 +15,7 @@
 #include "app/bench_probe.h"
 #include "app/bench_report.h"
 #include "app/commands.h"
+#include "app/model_loading.h"
 #include "backend/profiling_backend.h"
 #include "engine/engine.h"
 #include "io/checkpoint.h"
@@ -124,7 +125,7 @@ void bench_command(BenchOptions o) {
     be.backend->synchronize();
   } else {
     rep.model = o.dir;
-    model = Model::load(o.dir, backend, mo);
+    model = load_model_weights(o.dir, backend, mo);
   }
   rep.load_seconds = std::chrono::duration<double>(Clock::now() - t_load).count();
   rep.weight_bytes_per_token = model->weights().weight_bytes;

@@ -9,6 +9,7 @@
 
 #include "app/backend_select.h"
 #include "app/commands.h"
+#include "app/model_loading.h"
 #include "cache/cache_manager.h"
 #include "engine/sampler.h"
 #include "model/model.h"
@@ -54,7 +55,7 @@ void perplexity_command(const PerplexityOptions& o) {
   if (ids.size() < 2) fail("{}: needs at least 2 tokens, has {}", o.file, ids.size());
 
   BackendHandle be = make_backend(o.device);
-  auto model = Model::load(o.dir, *be.backend);
+  auto model = load_model_weights(o.dir, *be.backend);
   const int V = static_cast<int>(model->config().vocab_size);
   CacheOptions co;
   co.block_size = 16;

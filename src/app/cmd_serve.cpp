@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "app/commands.h"
+#include "app/model_loading.h"
 #include "app/serve_options.h"
 #include "engine/engine.h"
 #include "model/model.h"
@@ -31,7 +32,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // Everything one served model owns, in construction order.
-struct LoadedModel {
+struct ServingModel {
   std::unique_ptr<Model> model;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Tokenizer> tokenizer;
@@ -153,13 +154,14 @@ void run_server(const ServeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   BackendHandle be = make_backend(o.device);
-  std::vector<LoadedModel> loaded;
+  std::vector<ServingModel> loaded;
   std::vector<server::ServedModel> served;
   for (const auto& ms : settings.models) {
     log::info("loading {} from {}", ms.name, ms.path);
-    LoadedModel lm;
-    lm.model = Model::load(ms.path, *be.backend);
+    ServingModel lm;
+    lm.model = load_model_weights(ms.path, *be.backend);
     lm.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(ms.path));
+    check_tokenizer_fits(*lm.tokenizer, *lm.model, ms.path);
     try {
       lm.chat_template = std::make_unique<ChatTemplate>(ChatTemplate::from_dir(ms.path));
     } catch (const Error& e) {

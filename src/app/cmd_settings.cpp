@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "app/commands.h"
+#include "app/model_loading.h"
 #include "server/settings.h"
 #include "util/error.h"
 
@@ -27,7 +28,7 @@ void register_settings(CLI::App& app) {
         fail("{}: models[{}].path: '{}' is not a directory (fix the path or remove the entry)",
              path, i, m.path);
       }
-      if (!std::filesystem::exists(std::filesystem::path(m.path) / "config.json")) {
+      if (!has_model_weights(m.path)) {
         fail("{}: models[{}].path: '{}' has no config.json (is it a model directory?)", path, i,
              m.path);
       }

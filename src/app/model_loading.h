@@ -12,6 +12,25 @@
 
 namespace tokenmill::app {
 
+// A model directory may hold `dummy_weights.json` instead of config.json and safetensors:
+//   {"preset": "qwen3.5-27b", "quant": "q4g64", "vocab": 248320}
+// It stands for that bench preset's shapes (vocab optional: the preset's) filled with seeded
+// random weights where they live (on the GPU for CUDA), next to real tokenizer files. It lets
+// the server be measured at real sizes without a checkpoint; what such a model says is noise.
+// tools/make_dummy_model.py writes one.
+inline constexpr const char* kDummyWeightsFile = "dummy_weights.json";
+
+// True when `dir` has config.json or dummy_weights.json.
+bool has_model_weights(const std::string& dir);
+
+// The weights of `dir`: the checkpoint, or the dummy model its dummy_weights.json describes.
+// Throws tokenmill::Error naming the file and the key at fault.
+std::unique_ptr<Model> load_model_weights(const std::string& dir, Backend& backend,
+                                          const ModelOptions& options = {});
+
+// Fails when the tokenizer can produce ids the model has no embedding for.
+void check_tokenizer_fits(const Tokenizer& tokenizer, const Model& model, const std::string& dir);
+
 struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<ChatTemplate> chat_template;  // null when the directory has none
