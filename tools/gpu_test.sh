@@ -111,7 +111,7 @@ if want bench; then
 fi
 if want http; then
   # The server against the engine on a dummy model (tools/make_dummy_model.py), through
-  # tools/http_vs_engine.sh (needs node and node_modules with the openai client).
+  # tools/http_vs_engine.sh (python3 load generator; the tokenizer from node_modules).
   HTTP_PRESET="${HTTP_PRESET:-qwen3.5-27b:q4g64}"
   DUMMY="${DUMMY_DIR:-/tmp/tm-dummy-${HTTP_PRESET/:/-}}"
   python3 tools/make_dummy_model.py "$DUMMY" --preset "${HTTP_PRESET%%:*}" \

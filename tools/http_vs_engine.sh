@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The server's overhead, measured: `tokenmill bench` on a model (the engine alone), then the same
-# model behind `tokenmill start` driven by tools/loadgen.mjs over streaming HTTP with the official
-# openai client. Prints both; writes $OUT/engine.json and $OUT/http.json.
+# model behind `tokenmill start` driven by tools/loadgen.py over streaming HTTP (standard-library
+# client, so it runs wherever python3 does). Prints both; writes $OUT/engine.json and $OUT/http.json.
 #   tools/http_vs_engine.sh path/to/tokenmill MODEL_DIR [STREAMS] [MAX_TOKENS] [-- extra bench args]
 # STREAMS: comma list of concurrent streams (default 1,16); MAX_TOKENS per stream (default 256).
 # Extra arguments after -- go to both bench and start (e.g. --device cuda).
 # Server settings from the environment: MEMORY_MB (KV + state budget, default 2048),
-# PREFILL_CHUNK (default 256), MAX_STEP_TOKENS (default 512); LOADGEN_ARGS go to loadgen.mjs.
+# PREFILL_CHUNK (default 256), MAX_STEP_TOKENS (default 512); LOADGEN_ARGS go to loadgen.py.
 # MODEL_DIR may be a dummy model (tools/make_dummy_model.py) to measure real shapes.
 set -euo pipefail
 bin="$(realpath "$1")"
@@ -19,7 +19,6 @@ extra=("$@")
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-$(mktemp -d)}"
 mkdir -p "$out"
-[ -d "$root/node_modules/openai" ] || { echo "http_vs_engine: node_modules missing: run npm ci"; exit 1; }
 max_streams=$(tr ',' '\n' <<< "$streams" | sort -n | tail -1)
 
 echo "== engine: tokenmill bench"
@@ -43,7 +42,7 @@ trap cleanup EXIT
 "$bin" start --state-dir "$state" --settings "$state/settings.json" --port "$port" \
   --api-key bench-key --wait 300 "${extra[@]}" > /dev/null
 
-echo "== HTTP: tools/loadgen.mjs (streaming chat completions, openai client)"
-node "$root/tools/loadgen.mjs" --url "http://127.0.0.1:$port" --key bench-key --model bench \
+echo "== HTTP: tools/loadgen.py (streaming chat completions)"
+python3 "$root/tools/loadgen.py" --url "http://127.0.0.1:$port" --key bench-key --model bench \
   --streams "$streams" --max-tokens "$max_tokens" --json "$out/http.json" ${LOADGEN_ARGS:-}
 echo "results in $out"
