@@ -1,16 +1,21 @@
 // `tokenmill run DIR [--prompt TEXT]`: chat with a model in the terminal. The conversation goes
 // through the model's chat template; the reply streams with reasoning shown dimmed; prompt and
-// decode speeds are printed at the end of each reply.
+// decode speeds are printed at the end of each reply. Sampling follows the model's
+// generation_config.json where a flag does not say otherwise (as the server does).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "app/backend_select.h"
 #include "app/commands.h"
 #include "app/model_loading.h"
 #include "engine/engine.h"
+#include "server/generation_config.h"
+#include "server/plan.h"
 #include "text/detokenizer.h"
 #include "text/output_parser.h"
 #include "util/error.h"
@@ -23,11 +28,10 @@ struct RunOptions {
   std::string dir;
   std::string prompt;
   std::string system;
-  int max_tokens = 512;
-  float temperature = 0.0f;
-  float top_p = 1.0f;
-  int top_k = 0;
-  uint64_t seed = 0;
+  std::optional<int> max_tokens;  // unset: generation_config's max_new_tokens, else 512
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int> top_k;
+  std::optional<uint64_t> seed;
   bool think = true;
   bool color = true;
   DeviceOptions device;
@@ -37,6 +41,7 @@ using Clock = std::chrono::steady_clock;
 
 // One assistant turn: renders, generates, streams; returns the reply for the history.
 nlohmann::ordered_json chat_turn(LoadedModel& m, Engine& engine, const RunOptions& o,
+                                 const SamplingParams& sampling, int max_tokens,
                                  const nlohmann::ordered_json& messages) {
   ChatTemplateInputs in;
   in.messages = messages;
@@ -49,11 +54,8 @@ nlohmann::ordered_json chat_turn(LoadedModel& m, Engine& engine, const RunOption
 
   GenerationRequest req;
   req.prompt = ids;
-  req.max_tokens = o.max_tokens;
-  req.sampling.temperature = o.temperature;
-  req.sampling.top_p = o.top_p;
-  req.sampling.top_k = o.top_k;
-  req.sampling.seed = o.seed;
+  req.max_tokens = max_tokens;
+  req.sampling = sampling;
   req.stop_token_ids = m.stop_token_ids;
   OutputParserOptions po =
       choose_output_parser_options(m.chat_template->source(), m.model->config().model_type, prompt);
@@ -118,9 +120,38 @@ nlohmann::ordered_json chat_turn(LoadedModel& m, Engine& engine, const RunOption
   return reply;
 }
 
+// Flags, then the model's generation_config.json, then the built-in defaults.
+SamplingParams run_sampling(const RunOptions& o, const server::GenerationConfig& gc) {
+  server::GenerationPlan plan;
+  plan.temperature = o.temperature;
+  plan.top_p = o.top_p;
+  plan.top_k = o.top_k;
+  plan.min_p = o.min_p;
+  plan.repetition_penalty = o.repetition_penalty;
+  SamplingParams p = server::resolve_sampling(plan, {}, gc.sampling);
+  p.seed = o.seed;
+  return p;
+}
+
 void run_command(const RunOptions& o) {
   BackendHandle be = make_backend(o.device);
   LoadedModel m = load_model_dir(o.dir, *be.backend, /*progress=*/true);
+  const server::GenerationConfig gc = server::load_generation_config(o.dir);
+  for (int32_t id : gc.eos_token_ids) {
+    if (std::find(m.stop_token_ids.begin(), m.stop_token_ids.end(), id) == m.stop_token_ids.end()) {
+      m.stop_token_ids.push_back(id);
+    }
+  }
+  const SamplingParams sampling = run_sampling(o, gc);
+  const int max_tokens = o.max_tokens.value_or(gc.max_new_tokens.value_or(512));
+  if (max_tokens < 1) fail("--max-tokens must be at least 1, got {}", max_tokens);
+  std::fprintf(stderr,
+               "sampling: temperature %g, top_p %g, top_k %d, min_p %g, repetition_penalty %g; "
+               "replies up to %d tokens (%s; flags override)\n",
+               sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p,
+               sampling.repetition_penalty, max_tokens,
+               gc.file.empty() ? "no generation_config.json: built-in defaults"
+                               : "defaults from generation_config.json");
   EngineOptions eo;
   eo.max_seqs = 1;
   Engine engine(*m.model, eo);
@@ -128,7 +159,7 @@ void run_command(const RunOptions& o) {
   if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
   if (!o.prompt.empty()) {
     messages.push_back({{"role", "user"}, {"content", o.prompt}});
-    chat_turn(m, engine, o, messages);
+    chat_turn(m, engine, o, sampling, max_tokens, messages);
     return;
   }
   std::fprintf(
@@ -138,7 +169,7 @@ void run_command(const RunOptions& o) {
     std::fprintf(stderr, "> ");
     if (!std::getline(std::cin, line) || line.empty()) break;
     messages.push_back({{"role", "user"}, {"content", line}});
-    messages.push_back(chat_turn(m, engine, o, messages));
+    messages.push_back(chat_turn(m, engine, o, sampling, max_tokens, messages));
   }
 }
 
@@ -150,11 +181,16 @@ void register_run(CLI::App& app) {
   cmd->add_option("dir", opt->dir, "Model directory")->required();
   cmd->add_option("-p,--prompt", opt->prompt, "Send this message and exit");
   cmd->add_option("--system", opt->system, "System message");
-  cmd->add_option("-n,--max-tokens", opt->max_tokens, "Reply length limit")->capture_default_str();
-  cmd->add_option("--temperature", opt->temperature, "0 = greedy")->capture_default_str();
-  cmd->add_option("--top-p", opt->top_p)->capture_default_str();
-  cmd->add_option("--top-k", opt->top_k)->capture_default_str();
-  cmd->add_option("--seed", opt->seed)->capture_default_str();
+  cmd->add_option("-n,--max-tokens", opt->max_tokens,
+                  "Reply length limit (default: generation_config's max_new_tokens, else 512)");
+  cmd->add_option("--temperature", opt->temperature,
+                  "0 = greedy (default: generation_config.json, else 1)");
+  cmd->add_option("--top-p", opt->top_p, "Default: generation_config.json, else 1 (off)");
+  cmd->add_option("--top-k", opt->top_k, "Default: generation_config.json, else 0 (off)");
+  cmd->add_option("--min-p", opt->min_p, "Default: generation_config.json, else 0 (off)");
+  cmd->add_option("--repetition-penalty", opt->repetition_penalty,
+                  "Default: generation_config.json, else 1 (off)");
+  cmd->add_option("--seed", opt->seed, "Sampling seed (default: a fresh one per reply)");
   cmd->add_flag("!--no-think", opt->think, "Turn thinking off (enable_thinking=false)");
   cmd->add_flag("!--no-color", opt->color, "Plain output (no dimmed reasoning)");
   add_device_options(*cmd, opt->device);
