@@ -3,9 +3,7 @@
 // tests compare these against reference implementations).
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "app/backend_select.h"
 #include "app/commands.h"
@@ -13,6 +11,7 @@
 #include "engine/engine.h"
 #include "text/detokenizer.h"
 #include "util/error.h"
+#include "util/file_text.h"
 
 namespace tokenmill::app {
 
@@ -36,12 +35,9 @@ void generate_command(const GenerateOptions& o) {
   LoadedModel m = load_model_dir(o.dir, *be.backend, /*progress=*/!o.json, /*need_template=*/false);
   std::vector<int32_t> ids;
   if (!o.ids_file.empty()) {
-    std::ifstream f(o.ids_file);
-    if (!f) fail("{}: cannot read the file", o.ids_file);
-    std::stringstream ss;
-    ss << f.rdbuf();
+    const std::string text = read_text_file(o.ids_file);
     try {
-      ids = nlohmann::json::parse(ss.str()).get<std::vector<int32_t>>();
+      ids = nlohmann::json::parse(text).get<std::vector<int32_t>>();
     } catch (const nlohmann::json::exception& e) {
       fail("{}: expected a JSON array of token ids: {}", o.ids_file, e.what());
     }

@@ -3,9 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "app/backend_select.h"
 #include "app/commands.h"
@@ -15,6 +13,7 @@
 #include "model/model.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
+#include "util/file_text.h"
 
 namespace tokenmill::app {
 
@@ -29,18 +28,10 @@ struct PerplexityOptions {
   DeviceOptions device;
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot read the file", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 void perplexity_command(const PerplexityOptions& o) {
   if (o.context < 2) fail("--context must be at least 2, got {}", o.context);
   std::vector<int32_t> ids;
-  std::string text = read_file(o.file);
+  std::string text = read_text_file(o.file);
   if (o.ids) {
     nlohmann::json j;
     try {

@@ -4,13 +4,12 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "app/bench_presets.h"
 #include "model/synthetic.h"
 #include "util/error.h"
+#include "util/file_text.h"
 
 namespace tokenmill::app {
 
@@ -23,13 +22,10 @@ bool has_model_weights(const std::string& dir) {
 namespace {
 
 SyntheticSpec read_dummy_spec(const std::string& path, std::string& label) {
-  std::ifstream in(path);
-  if (!in) fail("{}: cannot read", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_text_file(path);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: not valid JSON: {}", path, e.what());
   }

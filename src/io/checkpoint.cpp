@@ -2,13 +2,12 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <sstream>
 
 #include "util/error.h"
+#include "util/file_text.h"
 #include "util/log.h"
 
 namespace tokenmill {
@@ -55,12 +54,10 @@ std::vector<std::string> shard_names(const std::string& dir,
   std::vector<std::string> names;
   const fs::path index = fs::path(dir) / kIndexName;
   if (fs::exists(index)) {
-    std::ifstream in(index, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
+    const std::string text = read_text_file(index.string());
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(ss.str());
+      j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       fail("{}: not valid JSON ({})", index.string(), e.what());
     }

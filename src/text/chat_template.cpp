@@ -1,20 +1,15 @@
 #include "text/chat_template.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "util/error.h"
+#include "util/file_text.h"
 
 namespace tokenmill {
 namespace {
 
 std::string read_file(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) fail("{}: cannot open the file; check that it exists and is readable", p.string());
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return read_text_file(p.string());
 }
 
 }  // namespace
