@@ -26,23 +26,14 @@ echo "== engine: tokenmill bench"
   --decode-tokens "$max_tokens" --json "$out/engine.json" --chart "$out/engine.svg" "${extra[@]}" |
   grep -E "decode @|batch "
 
-state="$(mktemp -d)"
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-cat > "$state/settings.json" <<JSON
-{"limits": {"max_seqs": $max_streams, "prefill_chunk": ${PREFILL_CHUNK:-256},
-            "max_step_tokens": ${MAX_STEP_TOKENS:-512}},
- "cache": {"memory_budget_mb": ${MEMORY_MB:-2048}},
- "models": [{"path": "$model", "name": "bench", "max_output_tokens": $((max_tokens + 16))}]}
-JSON
-cleanup() {
-  "$bin" stop --state-dir "$state" --timeout 10 >/dev/null 2>&1 || true
-  rm -rf "$state"
-}
-trap cleanup EXIT
-"$bin" start --state-dir "$state" --settings "$state/settings.json" --port "$port" \
-  --api-key bench-key --wait 300 "${extra[@]}" > /dev/null
+source "$root/tools/daemon_lib.sh"
+daemon_start "$bin" "{\"limits\": {\"max_seqs\": $max_streams, \"prefill_chunk\": ${PREFILL_CHUNK:-256},
+            \"max_step_tokens\": ${MAX_STEP_TOKENS:-512}},
+ \"cache\": {\"memory_budget_mb\": ${MEMORY_MB:-2048}},
+ \"models\": [{\"path\": \"$model\", \"name\": \"bench\", \"max_output_tokens\": $((max_tokens + 16))}]}" \
+  bench-key --wait 300 "${extra[@]}" > /dev/null
 
 echo "== HTTP: tools/loadgen.py (streaming chat completions)"
-python3 "$root/tools/loadgen.py" --url "http://127.0.0.1:$port" --key bench-key --model bench \
+python3 "$root/tools/loadgen.py" --url "http://127.0.0.1:$daemon_port" --key bench-key --model bench \
   --streams "$streams" --max-tokens "$max_tokens" --json "$out/http.json" ${LOADGEN_ARGS:-}
 echo "results in $out"

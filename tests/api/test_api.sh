@@ -10,21 +10,12 @@ model="${2:-$root/models/demo}"
 [ -f "$model/config.json" ] || { echo "test_api: $model has no config.json (build the demo model first)"; exit 1; }
 [ -d "$root/node_modules/openai" ] || { echo "test_api: node_modules missing: run npm ci"; exit 1; }
 
-state="$(mktemp -d)"
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-cat > "$state/settings.json" <<JSON
-{"server": {"keepalive_interval_ms": 200, "max_body_bytes": 1048576},
- "limits": {"max_seqs": 16},
- "models": [{"path": "$model", "name": "demo", "max_output_tokens": 512}]}
-JSON
-cleanup() {
-  "$bin" stop --state-dir "$state" --timeout 10 >/dev/null 2>&1 || true
-  rm -rf "$state"
-}
-trap cleanup EXIT
-"$bin" start --state-dir "$state" --settings "$state/settings.json" --port "$port" \
-  --api-key test-key --threads 2 --wait 120
+source "$root/tools/daemon_lib.sh"
+daemon_start "$bin" "{\"server\": {\"keepalive_interval_ms\": 200, \"max_body_bytes\": 1048576},
+ \"limits\": {\"max_seqs\": 16},
+ \"models\": [{\"path\": \"$model\", \"name\": \"demo\", \"max_output_tokens\": 512}]}" \
+  test-key --threads 2 --wait 120
 
-export TM_API_URL="http://127.0.0.1:$port" TM_API_KEY=test-key TM_MODEL=demo
+export TM_API_URL="http://127.0.0.1:$daemon_port" TM_API_KEY=test-key TM_MODEL=demo
 cd "$root"
 node --test --test-concurrency=1 tests/api/
