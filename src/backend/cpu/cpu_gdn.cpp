@@ -236,13 +236,15 @@ void CpuBackend::conv1d_silu(const GDNStateView& st, const SeqLayout& seqs, cons
                 float* sc = state + c * 3;
                 const float* w = weight + c * 4;
                 const float s0 = sc[0], s1 = sc[1], s2 = sc[2], xc = xr[c];
-                // The same accumulation order as the general path below (bit-identical
-                // results whatever the split of a sequence into calls).
+                // The same accumulation order and the same explicit FMAs as the general path
+                // below (bit-identical results whatever the split of a sequence into calls; left
+                // to the compiler, `acc += w * u` was contracted into an FMA on one path and not
+                // the other, depending on the optimisation level).
                 float acc = 0.0f;
-                acc += w[0] * s0;
-                acc += w[1] * s1;
-                acc += w[2] * s2;
-                acc += w[3] * xc;
+                acc = std::fma(w[0], s0, acc);
+                acc = std::fma(w[1], s1, acc);
+                acc = std::fma(w[2], s2, acc);
+                acc = std::fma(w[3], xc, acc);
                 o[c] = acc;
                 sc[0] = s1;
                 sc[1] = s2;
@@ -258,7 +260,7 @@ void CpuBackend::conv1d_silu(const GDNStateView& st, const SeqLayout& seqs, cons
                 for (int i = 0; i < Km1; ++i) next[i] = u(L - Km1 + i);
                 for (int64_t t = 0; t < L; ++t) {
                   float acc = 0.0f;
-                  for (int i = 0; i < K; ++i) acc += w[i] * u(t - Km1 + i);
+                  for (int i = 0; i < K; ++i) acc = std::fma(w[i], u(t - Km1 + i), acc);
                   out[(t0 + t) * C + c] = acc;
                 }
                 std::memcpy(sc, next, static_cast<size_t>(Km1) * 4);

@@ -231,14 +231,14 @@ void affine_planes(const MatView& m, const float* prep, float* out, int64_t ldo,
   }
 }
 
-// Any bit width: unpack each group to bytes (natural order), then the same per-group dot.
-template <class S, int N>
-void affine_generic(const MatView& m, const float* prep, float* out, int64_t ldo, int64_t r0,
-                    int64_t r1) {
+// The per-row, per-group dot of the kernels that turn a group's codes into float vectors first:
+// `codes.start(row, g)` once per group, then `codes.at(c)` gives the codes [c, c + S::W) of it.
+template <class S, int N, class Codes>
+void affine_rows(const MatView& m, const float* prep, float* out, int64_t ldo, int64_t r0,
+                 int64_t r1, Codes& codes) {
   using V = typename S::V;
   constexpr int W = S::W;
   const int64_t G = m.group, groups = m.groups, cols = m.cols, stride = prep_stride(m);
-  alignas(64) uint8_t q[128];
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* wb = m.data + r * m.row_bytes;
     float sbuf[kSbChunk], bbuf[kSbChunk];
@@ -247,7 +247,7 @@ void affine_generic(const MatView& m, const float* prep, float* out, int64_t ldo
     TM_UNROLL
     for (int i = 0; i < N; ++i) acc[i] = S::zero(), bsum[i] = 0.0f;
     for (int64_t g = 0; g < groups; ++g) {
-      unpack_group(m, wb, g, q);
+      codes.start(wb, g);
       if (g % kSbChunk == 0) load_row_sb(m, r, g, sbuf, bbuf);
       const float s = sbuf[g % kSbChunk], b = bbuf[g % kSbChunk];
       const float* xg = prep + g * G;
@@ -255,7 +255,7 @@ void affine_generic(const MatView& m, const float* prep, float* out, int64_t ldo
       TM_UNROLL
       for (int i = 0; i < N; ++i) gacc[i] = S::zero();
       for (int64_t c = 0; c < G; c += W) {
-        const V qv = S::template plane<0, 0xffu>(S::load_u8(q + c));
+        const V qv = codes.at(c);
         TM_UNROLL
         for (int i = 0; i < N; ++i) gacc[i] = S::fma(qv, S::load(xg + i * stride + c), gacc[i]);
       }
@@ -269,6 +269,22 @@ void affine_generic(const MatView& m, const float* prep, float* out, int64_t ldo
     TM_UNROLL
     for (int i = 0; i < N; ++i) out[i * ldo + r] = S::reduce(acc[i]) + bsum[i];
   }
+}
+
+// Any bit width: unpack each group to bytes (natural order), then the same per-group dot.
+template <class S>
+struct BytewiseCodes {
+  const MatView& m;
+  alignas(64) uint8_t q[128];
+  void start(const uint8_t* row, int64_t g) { unpack_group(m, row, g, q); }
+  typename S::V at(int64_t c) const { return S::template plane<0, 0xffu>(S::load_u8(q + c)); }
+};
+
+template <class S, int N>
+void affine_generic(const MatView& m, const float* prep, float* out, int64_t ldo, int64_t r0,
+                    int64_t r1) {
+  BytewiseCodes<S> codes{m, {}};
+  affine_rows<S, N>(m, prep, out, ldo, r0, r1, codes);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
@@ -297,43 +313,21 @@ struct OddUnpack {
   }
 };
 
+template <int BITS>
+struct OddCodes {
+  const OddUnpack<BITS> unpack;
+  const int64_t group;
+  const uint8_t* gb = nullptr;
+  void start(const uint8_t* row, int64_t g) { gb = row + g * group * BITS / 8; }
+  __m512 at(int64_t c) const { return unpack(gb + c / 16 * 2 * BITS); }
+};
+
 template <int BITS, int N>
 void affine_odd_vbmi(const MatView& m, const float* prep, float* out, int64_t ldo, int64_t r0,
                      int64_t r1) {
-  using S = Avx512Isa;
-  using V = S::V;
-  const OddUnpack<BITS> unpack;
-  const int64_t G = m.group, groups = m.groups, cols = m.cols, stride = prep_stride(m);
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* wb = m.data + r * m.row_bytes;
-    float sbuf[kSbChunk], bbuf[kSbChunk];
-    V acc[N];
-    float bsum[N];
-    TM_UNROLL
-    for (int i = 0; i < N; ++i) acc[i] = S::zero(), bsum[i] = 0.0f;
-    for (int64_t g = 0; g < groups; ++g) {
-      if (g % kSbChunk == 0) load_row_sb(m, r, g, sbuf, bbuf);
-      const float s = sbuf[g % kSbChunk], b = bbuf[g % kSbChunk];
-      const uint8_t* gb = wb + g * G * BITS / 8;
-      const float* xg = prep + g * G;
-      V gacc[N];
-      TM_UNROLL
-      for (int i = 0; i < N; ++i) gacc[i] = S::zero();
-      for (int64_t c = 0; c < G; c += 16) {
-        const V qv = unpack(gb + c / 16 * 2 * BITS);
-        TM_UNROLL
-        for (int i = 0; i < N; ++i) gacc[i] = S::fma(qv, S::load(xg + i * stride + c), gacc[i]);
-      }
-      const V vs = S::set1(s);
-      TM_UNROLL
-      for (int i = 0; i < N; ++i) {
-        acc[i] = S::fma(vs, gacc[i], acc[i]);
-        bsum[i] += b * prep[i * stride + cols + g];
-      }
-    }
-    TM_UNROLL
-    for (int i = 0; i < N; ++i) out[i * ldo + r] = S::reduce(acc[i]) + bsum[i];
-  }
+  static_assert(Avx512Isa::W == 16, "OddUnpack yields 16 codes per vector");
+  OddCodes<BITS> codes{OddUnpack<BITS>(), m.group};
+  affine_rows<Avx512Isa, N>(m, prep, out, ldo, r0, r1, codes);
 }
 #define TM_HAVE_ODD_VBMI 1
 #endif
