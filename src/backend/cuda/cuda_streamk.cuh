@@ -11,6 +11,11 @@
 // the tile's counter; the warp that arrives last adds the partials in warp order, writes the
 // output and resets the counter to zero (ready for the next launch or graph replay). The sum
 // order is fixed by the partition, never by timing.
+//
+// A split tile's counter is the one of its first warp (the warp holding its first step): no two
+// split tiles share a first warp (a warp holding the first steps of tiles t < t' holds all of t,
+// which is then not split), so `warps` counters suffice however many tiles there are. (Indexed
+// by tile, a 248,320-row LM head in 16-row tiles reached past the workspace's counters.)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,7 +29,7 @@ struct StreamK {
   int64_t steps = 0;          // k-steps per tile
   int64_t warps = 0;          // warps launched (<= tiles * steps)
   float* partials = nullptr;  // [warps][2][slot_floats]
-  int* counters = nullptr;    // [tiles], zero outside a launch
+  int* counters = nullptr;    // [warps], zero outside a launch
   int slot_floats = 0;
 
   __device__ int64_t total() const { return tiles * steps; }
@@ -51,7 +56,7 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
   __syncwarp();
   int last = 0;
   const int64_t w0 = sk.warp_of(t * sk.steps), w1 = sk.warp_of((t + 1) * sk.steps - 1);
-  if (lane == 0) last = atomicAdd(sk.counters + t, 1) == static_cast<int>(w1 - w0);
+  if (lane == 0) last = atomicAdd(sk.counters + w0, 1) == static_cast<int>(w1 - w0);
   last = __shfl_sync(0xffffffffu, last, 0);
   if (!last) return false;
   __threadfence();
@@ -60,7 +65,7 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
     const float* p = sk.partials + (ww * 2 + sk.slot_of(ww, t)) * sk.slot_floats + lane * count;
     for (int i = 0; i < count; ++i) vals[i] += __ldcg(p + i);  // past L1: other SMs wrote it
   }
-  if (lane == 0) sk.counters[t] = 0;
+  if (lane == 0) sk.counters[w0] = 0;
   return true;
 }
 

@@ -139,6 +139,17 @@ TEST_F(CudaLinear, LargeShapes) {
   check(fw, {4, 129}, 0, "bf16 515x768");
 }
 
+// More tiles than the device holds warps (an LM head's 248,320 rows make 15,520 tiles): stream-K
+// splits tiles far past the first few thousand, and their fixups must stay inside the workspace
+// (run under compute-sanitizer by tools/gpu_test.sh).
+TEST_F(CudaLinear, ManyTilesStreamK) {
+  Rng rng(9);
+  HostWeight q4 = affine_weight(rng, 4, 64, DType::BF16, 150000, 128, 0);
+  check(q4, {1, 3}, 0, "q4g64 150000x128");
+  HostWeight bf = float_weight(rng, DType::BF16, 150000, 64, 0);
+  check(bf, {1}, 0, "bf16 150000x64");
+}
+
 // linear_multi runs matrices of one fast format in one launch and falls back to separate
 // linears otherwise; both must equal the CPU's separate linears. Row counts that are not a
 // multiple of the per-warp rows (37, 5, 1) exercise the tails.
