@@ -29,16 +29,6 @@ json parse_body(const std::string& body) {
   return j;
 }
 
-const char* json_type_name(const json& v) {
-  if (v.is_number_integer()) return "an integer";
-  if (v.is_number()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_null()) return "null";
-  if (v.is_array()) return "an array";
-  return "an object";
-}
-
 const json* Fields::get(const std::string& key) const {
   auto it = obj_.find(key);
   if (it == obj_.end() || it->is_null()) return nullptr;

@@ -13,8 +13,18 @@ namespace tokenmill::server {
 // Parses a request body: malformed JSON, invalid UTF-8 and non-object bodies give 400.
 nlohmann::ordered_json parse_body(const std::string& body);
 
-// "an integer", "a string", ... for messages.
-const char* json_type_name(const nlohmann::ordered_json& v);
+// "an integer", "a string", ... for messages (any nlohmann JSON type: requests keep key order,
+// settings files do not).
+template <class Json>
+const char* json_type_name(const Json& v) {
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_null()) return "null";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
 
 // Getters over a JSON object `obj`; `path` prefixes field names in messages ("" = top level).
 // A null value counts as absent, as the APIs treat it.

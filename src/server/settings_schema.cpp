@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "server/request_json.h"
 #include "util/error.h"
 
 namespace tokenmill::server {
@@ -29,16 +30,6 @@ std::string frames_path(const std::vector<Frame>& frames, size_t count) {
     }
   }
   return p;
-}
-
-const char* type_name(const json& v) {
-  if (v.is_number_integer()) return "an integer";
-  if (v.is_number()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_null()) return "null";
-  if (v.is_array()) return "an array";
-  return "an object";
 }
 
 size_t edit_distance(std::string_view a, std::string_view b) {
@@ -118,7 +109,7 @@ JsonReader::JsonReader(const json& value, std::string file, std::string path)
     : value_(&value), file_(std::move(file)), path_(std::move(path)) {
   if (!value.is_object()) {
     fail("{}: {}: must be an object, got {}", file_, path_.empty() ? "(top level)" : path_,
-         type_name(value));
+         json_type_name(value));
   }
 }
 
@@ -141,7 +132,7 @@ std::optional<int64_t> JsonReader::integer(std::string_view key, int64_t min, in
   if (!v) return std::nullopt;
   if (!v->is_number_integer()) {
     error(key,
-          fmt::format("must be an integer between {} and {}, got {}", min, max, type_name(*v)));
+          fmt::format("must be an integer between {} and {}, got {}", min, max, json_type_name(*v)));
   }
   int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)
                   ? INT64_MAX
@@ -156,7 +147,7 @@ std::optional<double> JsonReader::number(std::string_view key, double min, doubl
   const json* v = raw(key);
   if (!v) return std::nullopt;
   if (!v->is_number()) {
-    error(key, fmt::format("must be a number between {} and {}, got {}", min, max, type_name(*v)));
+    error(key, fmt::format("must be a number between {} and {}, got {}", min, max, json_type_name(*v)));
   }
   double x = v->get<double>();
   if (!(x >= min && x <= max))
@@ -167,14 +158,14 @@ std::optional<double> JsonReader::number(std::string_view key, double min, doubl
 std::optional<bool> JsonReader::boolean(std::string_view key) {
   const json* v = raw(key);
   if (!v) return std::nullopt;
-  if (!v->is_boolean()) error(key, fmt::format("must be true or false, got {}", type_name(*v)));
+  if (!v->is_boolean()) error(key, fmt::format("must be true or false, got {}", json_type_name(*v)));
   return v->get<bool>();
 }
 
 std::optional<std::string> JsonReader::string(std::string_view key, bool allow_empty) {
   const json* v = raw(key);
   if (!v) return std::nullopt;
-  if (!v->is_string()) error(key, fmt::format("must be a string, got {}", type_name(*v)));
+  if (!v->is_string()) error(key, fmt::format("must be a string, got {}", json_type_name(*v)));
   std::string s = v->get<std::string>();
   if (s.empty() && !allow_empty) error(key, "must not be empty");
   return s;
@@ -193,7 +184,7 @@ std::optional<std::string> JsonReader::one_of(std::string_view key,
 std::optional<JsonReader> JsonReader::object(std::string_view key) {
   const json* v = raw(key);
   if (!v) return std::nullopt;
-  if (!v->is_object()) error(key, fmt::format("must be an object, got {}", type_name(*v)));
+  if (!v->is_object()) error(key, fmt::format("must be an object, got {}", json_type_name(*v)));
   return JsonReader(*v, file_, key_path(key));
 }
 

@@ -12,25 +12,13 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "support/test_rng.h"
 #include "tensor/affine.h"
 #include "tensor/dtype.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
 namespace tokenmill::test {
-
-struct Rng {
-  std::mt19937 gen;
-  explicit Rng(uint32_t seed) : gen(seed) {}
-  float normal(float sd = 1.0f) { return std::normal_distribution<float>(0.0f, sd)(gen); }
-  float uniform(float a, float b) { return std::uniform_real_distribution<float>(a, b)(gen); }
-  int integer(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); }
-  std::vector<float> normals(size_t n, float sd = 1.0f) {
-    std::vector<float> v(n);
-    for (auto& x : v) x = normal(sd);
-    return v;
-  }
-};
 
 // Both kernel sets. Three threads on purpose: uneven splits of every parallel loop.
 struct Backends {

@@ -17,22 +17,12 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "support/test_rng.h"
 #include "util/thread_pool.h"
 
 namespace tokenmill::cudatest {
 
-struct Rng {
-  std::mt19937 gen;
-  explicit Rng(uint32_t seed) : gen(seed) {}
-  float normal(float sd = 1.0f) { return std::normal_distribution<float>(0.0f, sd)(gen); }
-  float uniform(float a, float b) { return std::uniform_real_distribution<float>(a, b)(gen); }
-  int integer(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); }
-  std::vector<float> normals(size_t n, float sd = 1.0f) {
-    std::vector<float> v(n);
-    for (auto& x : v) x = normal(sd);
-    return v;
-  }
-};
+using test::Rng;
 
 // Skips the calling test when no CUDA device is visible (and says so on stdout).
 #define TM_REQUIRE_CUDA_DEVICE()                                                       \
