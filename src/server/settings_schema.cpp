@@ -131,8 +131,8 @@ std::optional<int64_t> JsonReader::integer(std::string_view key, int64_t min, in
   const json* v = raw(key);
   if (!v) return std::nullopt;
   if (!v->is_number_integer()) {
-    error(key,
-          fmt::format("must be an integer between {} and {}, got {}", min, max, json_type_name(*v)));
+    error(key, fmt::format("must be an integer between {} and {}, got {}", min, max,
+                           json_type_name(*v)));
   }
   int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)
                   ? INT64_MAX
@@ -147,7 +147,8 @@ std::optional<double> JsonReader::number(std::string_view key, double min, doubl
   const json* v = raw(key);
   if (!v) return std::nullopt;
   if (!v->is_number()) {
-    error(key, fmt::format("must be a number between {} and {}, got {}", min, max, json_type_name(*v)));
+    error(key,
+          fmt::format("must be a number between {} and {}, got {}", min, max, json_type_name(*v)));
   }
   double x = v->get<double>();
   if (!(x >= min && x <= max))
@@ -158,7 +159,8 @@ std::optional<double> JsonReader::number(std::string_view key, double min, doubl
 std::optional<bool> JsonReader::boolean(std::string_view key) {
   const json* v = raw(key);
   if (!v) return std::nullopt;
-  if (!v->is_boolean()) error(key, fmt::format("must be true or false, got {}", json_type_name(*v)));
+  if (!v->is_boolean())
+    error(key, fmt::format("must be true or false, got {}", json_type_name(*v)));
   return v->get<bool>();
 }
 
