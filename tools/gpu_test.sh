@@ -2,8 +2,14 @@
 # Builds tokenmill with the CUDA backend on the GPU machine and runs its checks, all within
 # about 8 minutes of wall clock (TOTAL_S). Run from the repository root with .debs/ carried:
 #     bash tools/gpu_test.sh
-# .debs/ holds the Debian library packages (apt-get download, see docs in the report): they
-# are unpacked with dpkg -x into $DEPS and the build is pointed there (no network, no apt).
+# .debs/ holds the Debian library packages, fetched on a Debian 12 machine with
+#     mkdir -p .debs && cd .debs && apt-get download googletest libgtest-dev libgmock-dev \
+#       libbenchmark-dev libbenchmark1debian libcli11-dev libcpp-httplib-dev libcpp-httplib0.11 \
+#       libssl-dev zlib1g-dev libbrotli-dev libfmt-dev libfmt9 libspdlog-dev libspdlog1.10 \
+#       libpcre2-dev libpcre2-8-0 libutf8proc-dev libutf8proc2 libxxhash-dev libxxhash0 \
+#       nlohmann-json3-dev
+# (libssl-dev, zlib1g-dev and libbrotli-dev for the headers cpp-httplib's switches pull in);
+# they are unpacked with dpkg -x into $DEPS and the build is pointed there (no network, no apt).
 # Stages (each under `timeout`; a failing stage does not stop the next):
 #   deps, configure, build (ninja -j16, TM_NATIVE=OFF),
 #   tm_test_backend_cuda, tm_test_golden, the CPU unit tests (quick ones),
