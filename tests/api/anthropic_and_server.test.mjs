@@ -99,10 +99,12 @@ test('16 concurrent streaming clients get the sequential greedy outputs', async 
 
 test('a client that disconnects mid-stream frees its sequence', async () => {
   const ctl = new AbortController();
+  // Long enough to outlast the checks below: the demo model writes ~1,400 tokens a second, so
+  // 400 tokens could finish before the status poll saw the stream running.
   const r = await fetch(`${URL_BASE}/v1/chat/completions`, {
     method: 'POST', signal: ctl.signal,
     headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${KEY}` },
-    body: JSON.stringify({ model: MODEL, max_tokens: 400, ignore_eos: true, stream: true, messages: USER, ...NO_THINK }),
+    body: JSON.stringify({ model: MODEL, max_tokens: 4000, ignore_eos: true, stream: true, messages: USER, ...NO_THINK }),
   });
   const reader = r.body.getReader();
   await reader.read();

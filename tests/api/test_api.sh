@@ -13,7 +13,7 @@ model="${2:-$root/models/demo}"
 source "$root/tools/daemon_lib.sh"
 daemon_start "$bin" "{\"server\": {\"keepalive_interval_ms\": 200, \"max_body_bytes\": 1048576},
  \"limits\": {\"max_seqs\": 16},
- \"models\": [{\"path\": \"$model\", \"name\": \"demo\", \"max_output_tokens\": 512}]}" \
+ \"models\": [{\"path\": \"$model\", \"name\": \"demo\", \"max_output_tokens\": 4096}]}" \
   test-key --threads 2 --wait 120
 
 export TM_API_URL="http://127.0.0.1:$daemon_port" TM_API_KEY=test-key TM_MODEL=demo
