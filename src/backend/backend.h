@@ -34,6 +34,9 @@ struct Weight {
   const void* biases = nullptr;
   int64_t experts = 0;  // 0: a plain matrix; E > 0: E matrices laid out one after another
   int64_t rows = 0, cols = 0;
+  // 0: `data`, `scales` and `biases` in the layout above. Nonzero: a backend's own arrangement of
+  // the same values (made by upload_weight or pack_weight), read only by that backend.
+  int packing = 0;
 
   bool quantized() const { return bits > 0; }
   // Bytes of one expert's (or the whole plain matrix's) data, scales and biases.
@@ -103,6 +106,10 @@ class Backend {
   // Makes a host weight usable by ops. The CPU backend returns the same pointers (no copy);
   // devices copy (and may repack) into memory they own until the backend is destroyed.
   virtual Weight upload_weight(const Weight& host) = 0;
+  // A weight already in backend memory (e.g. filled by fill_random), arranged the way
+  // upload_weight would arrange it. When the result's buffers differ from w's, they belong to the
+  // backend and the caller may free w's.
+  virtual Weight pack_weight(const Weight& w) { return w; }
 
   // ---- recorded op sequences (CUDA graphs) ----
   // Devices that can record the ops issued between begin_recording() and end_recording() and

@@ -40,6 +40,7 @@ class ProfilingBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes) override { in_.copy(dst, src, bytes); }
   void synchronize() override { in_.synchronize(); }
   Weight upload_weight(const Weight& host) override { return in_.upload_weight(host); }
+  Weight pack_weight(const Weight& w) override { return in_.pack_weight(w); }
   void fill_random(void* dst, DType dtype, int64_t n, float stddev, uint64_t seed) override {
     in_.fill_random(dst, dtype, n, stddev, seed);
   }

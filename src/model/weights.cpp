@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -48,7 +49,18 @@ Weight WeightStore::random_weight(const Weight& shape, float stddev, uint64_t se
   } else {
     w.data = make(w.dtype, mats * w.rows * w.cols, stddev, 3);
   }
-  return w;
+  // The backend's own arrangement, as for an uploaded weight (the speed measured with dummy
+  // weights is the speed of real ones); the generated buffers go when it made new ones.
+  const Weight packed = backend_.pack_weight(w);
+  for (const void* p : {w.data, w.scales, w.biases}) {
+    if (p == nullptr || p == packed.data || p == packed.scales || p == packed.biases) continue;
+    auto it = std::find(owned_.begin(), owned_.end(), p);
+    if (it != owned_.end()) {
+      backend_.free(*it);
+      owned_.erase(it);
+    }
+  }
+  return packed;
 }
 
 uint8_t* WeightStore::host_buffer(size_t bytes) {

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
 #include "util/error.h"
@@ -137,7 +139,18 @@ Weight CudaBackend::upload_weight(const Weight& host) {
     d.scales = put(host.scales, sb_bytes);
     d.biases = put(host.biases, sb_bytes);
   }
-  return d;
+  const Weight packed = pack_weight(d);
+  if (packed.data != d.data) {  // the checkpoint-layout copies were only the packing's input
+    for (const void* p : {d.data, d.scales, d.biases}) {
+      if (p == nullptr) continue;
+      auto it = std::find(owned_.begin(), owned_.end(), p);
+      if (it != owned_.end()) {
+        free(*it);
+        owned_.erase(it);
+      }
+    }
+  }
+  return packed;
 }
 
 }  // namespace tokenmill

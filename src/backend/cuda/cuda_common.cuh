@@ -32,7 +32,29 @@ struct DevMat {
   // Whether rows can be read in aligned 8-element chunks (load8): always for affine; for float
   // weights when cols % 8 == 0 and the base is 16-byte aligned.
   bool chunks8 = false;
+  // 4-bit data and scales in the tile layout of cuda_gemv_q4.cu (kQ4TilePacking): `row_bytes`
+  // is then only the logical size of a row, `biases` is null (they sit next to the scales), and
+  // elements are found with tiled_word / tiled_sb.
+  bool tiled = false;
 };
+
+// The Weight::packing value of the 4-bit tile layout.
+constexpr int kQ4TilePacking = 1;
+
+// Word (8 values) j/8 of row r in the tile layout: 16-row tiles x groups, 32 lanes x 2W words
+// per block (W = group/32); lane g*4+t holds words [t*W, t*W+W) of rows g and g+8.
+__device__ __forceinline__ uint32_t tiled_word(const DevMat& m, int64_t r, int64_t j) {
+  const int W = m.group / 32;
+  const int rr = static_cast<int>(r & 15), word = static_cast<int>((j % m.group) >> 3);
+  const int64_t block = (r >> 4) * m.groups + j / m.group;
+  const int64_t idx = (block * 32 + (rr & 7) * 4 + word / W) * (2 * W) + (rr >> 3) * W + word % W;
+  return reinterpret_cast<const uint32_t*>(m.data)[idx];
+}
+// Index (in scale elements) of row r's scale for column j in the tile layout; its bias is next.
+__device__ __forceinline__ int64_t tiled_sb(const DevMat& m, int64_t r, int64_t j) {
+  const int rr = static_cast<int>(r & 15);
+  return (((r >> 4) * m.groups + j / m.group) * 8 + (rr & 7)) * 4 + (rr >> 3) * 2;
+}
 
 // Validates `w` (throws tokenmill::Error) and describes matrix `expert` of it.
 DevMat make_devmat(const Weight& w, int expert);
@@ -54,6 +76,12 @@ __device__ __forceinline__ float load1(const DevMat& m, const uint8_t* row, int6
     if (m.dtype == kBF16) return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(row)[j]);
     if (m.dtype == kF16) return __half2float(reinterpret_cast<const __half*>(row)[j]);
     return reinterpret_cast<const float*>(row)[j];
+  }
+  if (m.tiled) {
+    const uint32_t q = (tiled_word(m, r, j) >> (4 * (j & 7))) & 15u;
+    const int64_t s = tiled_sb(m, r, j);
+    return load_sb(m.sdtype, m.scales, s) * static_cast<float>(q) +
+           load_sb(m.sdtype, m.scales, s + 1);
   }
   const int b = m.bits;
   const int64_t off = j * b;
@@ -91,6 +119,14 @@ __device__ __forceinline__ void load8(const DevMat& m, const uint8_t* row, int64
     }
     return;
   }
+  if (m.tiled) {
+    const uint32_t v = tiled_word(m, r, j);
+    const int64_t si = tiled_sb(m, r, j);
+    const float s = load_sb(m.sdtype, m.scales, si), bias = load_sb(m.sdtype, m.scales, si + 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = s * static_cast<float>((v >> (4 * i)) & 15u) + bias;
+    return;
+  }
   const int b = m.bits;
   const uint8_t* p = row + (j >> 3) * b;
   uint64_t v = 0;
@@ -115,7 +151,7 @@ __device__ __forceinline__ DevMat at_expert(DevMat m, int64_t e) {
   m.data += e * m.data_stride;
   if (m.bits) {
     m.scales += e * m.sb_stride;
-    m.biases += e * m.sb_stride;
+    if (m.biases != nullptr) m.biases += e * m.sb_stride;
   }
   return m;
 }

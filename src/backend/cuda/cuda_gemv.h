@@ -47,6 +47,14 @@ struct Q4Act {
   int group = 0;
 };
 
+// The tile layout (kQ4TilePacking, described in cuda_gemv_q4.cu) the kernel reads: whether `w`
+// can be packed, the bytes its data and its scales+biases take, and the packing itself (device
+// to device, on `st`).
+bool q4_tile_packable(const Weight& w);
+size_t q4_tile_data_bytes(const Weight& w);
+size_t q4_tile_scale_bytes(const Weight& w);
+void launch_q4_pack(cudaStream_t st, const Weight& w, void* data, void* scales);
+
 // Workspace bytes for `rows` prepared rows of width K.
 size_t q4_act_bytes(int64_t rows, int64_t K, int group);
 bool q4_mma_eligible(const DevMat& m);

@@ -132,26 +132,6 @@ __device__ __forceinline__ void unpack_word(uint32_t w, uint32_t (&e)[4]) {
   e[3] = minus_1024((h & 0x00F000F0u) | 0x64006400u);
 }
 
-// W words of a row (one group's share of one lane), streamed past L1.
-template <int W>
-struct Words {
-  uint32_t v[W];
-};
-template <int W>
-__device__ __forceinline__ Words<W> load_words(const uint8_t* p) {
-  Words<W> r;
-  if constexpr (W == 1) {
-    r.v[0] = __ldcs(reinterpret_cast<const unsigned int*>(p));
-  } else if constexpr (W == 2) {
-    const uint2 u = __ldcs(reinterpret_cast<const uint2*>(p));
-    r.v[0] = u.x, r.v[1] = u.y;
-  } else {
-    const uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
-    r.v[0] = u.x, r.v[1] = u.y, r.v[2] = u.z, r.v[3] = u.w;
-  }
-  return r;
-}
-
 // Where tile t lives: slot (MoE) or activation columns, job, first row, and the matrix.
 struct Q4Tile {
   DevMat m;
@@ -178,34 +158,25 @@ __device__ __forceinline__ Q4Tile q4_tile(const GemvJobs& jobs, int64_t t, int64
   return q;
 }
 
-// Scales and biases by their storage type (a compile-time choice: a per-load switch on the type
-// kept the compiler from hoisting the loads).
-template <int T>
-__device__ __forceinline__ float scale_at(const uint8_t* base, int i) {
-  if constexpr (T == kF32) {
-    return reinterpret_cast<const float*>(base)[i];
-  } else if constexpr (T == kBF16) {
-    return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(base)[i]);
-  } else {
-    return __half2float(reinterpret_cast<const __half*>(base)[i]);
-  }
-}
-
-// Groups [k0, k1) of one 16-row tile. Lane (g = lane/4, t = lane%4) holds weight rows g and g+8
-// and words [t*W, t*W+W) of each group. The mma's 8 columns carry up to 4 activation rows per
-// column block, hi and lo parts side by side (column 2i: row i's hi part, 2i+1: its lo part), so
-// one mma serves both parts, and the lane's C fragment (columns 2t, 2t+1) is exactly activation
-// row t of the block: hi + lo. Returns tot[cb][0] (row g) and tot[cb][1] (row g+8) for
-// activation row 4*cb + t. Offsets inside a row are 32-bit; row bases are computed once.
+// Groups [k0, k1) of one 16-row tile, in the tile layout (see "The tile layout" below). Lane
+// (g = lane/4, t = lane%4) holds weight rows g and g+8 and words [t*W, t*W+W) of each group:
+// one load of 8W contiguous bytes, and one load of its rows' scales and biases. The mma's 8
+// columns carry up to 4 activation rows per column block, hi and lo parts side by side (column
+// 2i: row i's hi part, 2i+1: its lo part), so one mma serves both parts, and the lane's C
+// fragment (columns 2t, 2t+1) is exactly activation row t of the block: hi + lo. Returns
+// tot[cb][0] (row g) and tot[cb][1] (row g+8) for activation row 4*cb + t. Offsets inside a
+// tile are 32-bit; the tile's base pointers are computed once.
 template <int G, int CB, int U, int ST>
 struct Q4TileDot {
   static constexpr int W = G / 32;
-  static constexpr int kSB = ST == kF32 ? 4 : 2;
+  static constexpr int kSB = ST == kF32 ? 4 : 2;  // bytes per scale
+  static constexpr int kBlockBytes = 256 * W;     // one tile-group of data: 32 lanes x 8W bytes
+  using SVec = std::conditional_t<kSB == 4, uint4, uint2>;
   struct Buf {
-    Words<W> wa[U], wb[U];
-    float sa[U], ba[U], sb[U], bb[U];
+    uint32_t w[U][2 * W];  // row g's W words, then row g+8's
+    SVec s[U];             // scale g, bias g, scale g+8, bias g+8
   };
-  const uint8_t *pa, *pb, *sca, *bia, *scb, *bib;
+  const uint8_t *pw, *ps;
   // 32-bit offsets from act.x (in 16-byte units) and act.sums: cheap to recompute when the
   // compiler rematerializes them under register pressure (64-bit pointers cost ~12
   // instructions per load there, measured in the SASS).
@@ -220,13 +191,9 @@ struct Q4TileDot {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const DevMat& m = q.m;
     const int groups = static_cast<int>(m.cols / G);
-    const int64_t ra = min(q.r0 + g, m.rows - 1), rb = min(q.r0 + g + 8, m.rows - 1);
-    pa = m.data + ra * m.row_bytes + t * W * 4;
-    pb = m.data + rb * m.row_bytes + t * W * 4;
-    sca = m.scales + ra * groups * kSB;
-    bia = m.biases + ra * groups * kSB;
-    scb = m.scales + rb * groups * kSB;
-    bib = m.biases + rb * groups * kSB;
+    const int64_t first_block = (q.r0 >> 4) * groups;
+    pw = m.data + (first_block * 32 + lane) * (8 * W);
+    ps = m.scales + (first_block * 8 + g) * 4 * kSB;
     const int64_t K = act.ld / 2;
     xbase = reinterpret_cast<const uint4*>(act.x);
     sbase = act.sums;
@@ -246,13 +213,35 @@ struct Q4TileDot {
     for (int u = 0; u < U; ++u) {
       const int grp = base + u;
       if (grp < k1) {
-        b.wa[u] = load_words<W>(pa + grp * (G / 2));
-        b.wb[u] = load_words<W>(pb + grp * (G / 2));
-        b.sa[u] = scale_at<ST>(sca, grp);
-        b.ba[u] = scale_at<ST>(bia, grp);
-        b.sb[u] = scale_at<ST>(scb, grp);
-        b.bb[u] = scale_at<ST>(bib, grp);
+        const uint8_t* p = pw + static_cast<uint32_t>(grp) * kBlockBytes;
+        if constexpr (W == 1) {
+          const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
+          b.w[u][0] = v.x, b.w[u][1] = v.y;
+        } else {
+#pragma unroll
+          for (int i = 0; i < W / 2; ++i) {
+            const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + i);
+            b.w[u][4 * i] = v.x, b.w[u][4 * i + 1] = v.y, b.w[u][4 * i + 2] = v.z,
+                       b.w[u][4 * i + 3] = v.w;
+          }
+        }
+        b.s[u] = __ldcs(reinterpret_cast<const SVec*>(ps + static_cast<uint32_t>(grp) * 32 * kSB));
       }
+    }
+  }
+
+  // Scale and bias of rows g (h = 0) and g+8 (h = 1).
+  __device__ __forceinline__ static void scales(const SVec& v, float (&sc)[2], float (&bi)[2]) {
+    if constexpr (ST == kF32) {
+      sc[0] = __uint_as_float(v.x), bi[0] = __uint_as_float(v.y);
+      sc[1] = __uint_as_float(v.z), bi[1] = __uint_as_float(v.w);
+    } else if constexpr (ST == kBF16) {
+      sc[0] = __uint_as_float(v.x << 16), bi[0] = __uint_as_float(v.x & 0xffff0000u);
+      sc[1] = __uint_as_float(v.y << 16), bi[1] = __uint_as_float(v.y & 0xffff0000u);
+    } else {
+      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
+      const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
+      sc[0] = a.x, bi[0] = a.y, sc[1] = c.x, bi[1] = c.y;
     }
   }
 
@@ -273,8 +262,8 @@ struct Q4TileDot {
 #pragma unroll
       for (int w = 0; w < W; ++w) {
         uint32_t ea[4], eb[4];
-        unpack_word(b.wa[u].v[w], ea);
-        unpack_word(b.wb[u].v[w], eb);
+        unpack_word(b.w[u][w], ea);
+        unpack_word(b.w[u][W + w], eb);
 #pragma unroll
         for (int cb = 0; cb < CB; ++cb) {
           const uint4 x =
@@ -289,11 +278,13 @@ struct Q4TileDot {
         for (int cb = 0; cb < CB; ++cb)
 #pragma unroll
           for (int i = 0; i < 4; ++i) d[0][cb][i] += d[w][cb][i];
+      float sc[2], bi[2];
+      scales(b.s[u], sc, bi);
 #pragma unroll
       for (int cb = 0; cb < CB; ++cb) {
         const float X = has_s[cb] ? __ldg(sbase + (soff[cb] + grp)) : 0.0f;
-        tot[cb][0] += b.sa[u] * (d[0][cb][0] + d[0][cb][1]) + b.ba[u] * X;
-        tot[cb][1] += b.sb[u] * (d[0][cb][2] + d[0][cb][3]) + b.bb[u] * X;
+        tot[cb][0] += sc[0] * (d[0][cb][0] + d[0][cb][1]) + bi[0] * X;
+        tot[cb][1] += sc[1] * (d[0][cb][2] + d[0][cb][3]) + bi[1] * X;
       }
     }
   }
@@ -361,7 +352,9 @@ template <int G, int CB, int ST>
 void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
                   const int32_t* ids, int64_t x_div, int64_t tiles, int64_t tiles_per_slot,
                   const GemvWorkspace& ws) {
-  constexpr int U = G == 32 ? 2 : G == 64 ? 2 : 1;  // groups per buffer
+  // Groups per buffer: 64 bytes of weights per lane (32 at group 32, where F32 scales would
+  // spill), so each warp keeps 2-4 KB in flight.
+  constexpr int U = G == 32 ? 4 : G == 64 ? 4 : 2;
   const auto kernel = q4_gemv_kernel<G, CB, U, ST>;
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
                                   jobs.m[0].cols / G, 32 * CB * 2, ws);
@@ -385,7 +378,91 @@ void launch_group(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
   }
 }
 
+// ---- The tile layout (Weight::packing == kQ4TilePacking), made once at upload ----
+// The checkpoint's row-major packing makes each lane gather its mma operands from two rows and
+// its scales from four places (two 8-byte and four 2-byte loads per group). Rearranged, with
+// W = G/32 words per lane and 16-row tiles (rows padded with zeros to a multiple of 16):
+// - data: block (tile, group) is 32 lanes x 2W words; lane g*4+t holds words [t*W, t*W+W) of
+//   the group in row 16*tile+g, then the same words of row 16*tile+g+8. A warp reads one block
+//   as one contiguous 16*G/2-byte run, each lane its operands in one load.
+// - scales: block (tile, group) is 8 x 4 values of the scale type, [g][scale(row g), bias(row
+//   g), scale(row g+8), bias(row g+8)]: one 8-byte (F32: 16-byte) load per lane.
+// Blocks go tile-major (a tile's groups are consecutive), then expert. Words keep their nibble
+// order, so unpack_word and the prepared activations are unchanged.
+
+// One thread per destination word; blockIdx.y = expert.
+__global__ void q4_pack_data_kernel(const uint32_t* __restrict__ src, int64_t rows, int64_t cols,
+                                    int G, int64_t src_stride, int64_t dst_stride,
+                                    uint32_t* __restrict__ dst) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= dst_stride) return;
+  const int W = G / 32;
+  const int64_t groups = cols / G;
+  const int in_lane = static_cast<int>(i % (2 * W));
+  const int lane = static_cast<int>((i / (2 * W)) % 32);
+  const int64_t block = i / (64 * W), tile = block / groups, grp = block % groups;
+  const int64_t r = tile * 16 + (lane >> 2) + 8 * (in_lane / W);
+  const int64_t word = grp * (G / 8) + (lane & 3) * W + in_lane % W;
+  const int64_t e = blockIdx.y;
+  dst[e * dst_stride + i] = r < rows ? src[e * src_stride + r * (cols / 8) + word] : 0u;
+}
+
+// One thread per destination scale or bias value (T: its 2- or 4-byte storage).
+template <typename T>
+__global__ void q4_pack_scales_kernel(const T* __restrict__ scales, const T* __restrict__ biases,
+                                      int64_t rows, int64_t groups, int64_t src_stride,
+                                      int64_t dst_stride, T* __restrict__ dst) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= dst_stride) return;
+  const int v = static_cast<int>(i & 3), g = static_cast<int>((i >> 2) & 7);
+  const int64_t block = i >> 5, tile = block / groups, grp = block % groups;
+  const int64_t r = tile * 16 + g + 8 * (v >> 1);
+  const int64_t e = blockIdx.y;
+  const T* from = (v & 1) ? biases : scales;
+  dst[e * dst_stride + i] = r < rows ? from[e * src_stride + r * groups + grp] : T(0);
+}
+
 }  // namespace
+
+size_t q4_tile_data_bytes(const Weight& w) {
+  const int64_t mats = w.experts > 0 ? w.experts : 1;
+  return static_cast<size_t>(mats * (w.rows + 15) / 16 * 16 * (w.cols / 2));
+}
+
+size_t q4_tile_scale_bytes(const Weight& w) {
+  const int64_t mats = w.experts > 0 ? w.experts : 1;
+  return static_cast<size_t>(mats * (w.rows + 15) / 16 * 16 * (w.cols / w.group) * 2) *
+         dtype_size(w.scale_dtype);
+}
+
+bool q4_tile_packable(const Weight& w) {
+  return w.bits == 4 && w.packing == 0 && (w.group == 32 || w.group == 64 || w.group == 128) &&
+         w.cols % w.group == 0 && w.data != nullptr && w.scales != nullptr && w.biases != nullptr;
+}
+
+void launch_q4_pack(cudaStream_t st, const Weight& w, void* data, void* scales) {
+  TM_CUDA_REQUIRE(q4_tile_packable(w), "q4 pack: not a 4-bit affine weight in the MLX layout");
+  const int64_t mats = w.experts > 0 ? w.experts : 1;
+  const int64_t padded = (w.rows + 15) / 16 * 16, groups = w.cols / w.group;
+  TM_CUDA_REQUIRE(mats <= 65535, "q4 pack: too many experts");
+  const int64_t words = padded * (w.cols / 8);
+  q4_pack_data_kernel<<<dim3(blocks_for(words, 256), static_cast<unsigned>(mats)), 256, 0, st>>>(
+      static_cast<const uint32_t*>(w.data), w.rows, w.cols, w.group, w.rows * (w.cols / 8), words,
+      static_cast<uint32_t*>(data));
+  TM_CUDA_LAUNCHED();
+  const int64_t vals = padded * groups * 2;
+  const dim3 grid(blocks_for(vals, 256), static_cast<unsigned>(mats));
+  if (dtype_size(w.scale_dtype) == 4) {
+    q4_pack_scales_kernel<<<grid, 256, 0, st>>>(
+        static_cast<const uint32_t*>(w.scales), static_cast<const uint32_t*>(w.biases), w.rows,
+        groups, w.rows * groups, vals, static_cast<uint32_t*>(scales));
+  } else {
+    q4_pack_scales_kernel<<<grid, 256, 0, st>>>(
+        static_cast<const uint16_t*>(w.scales), static_cast<const uint16_t*>(w.biases), w.rows,
+        groups, w.rows * groups, vals, static_cast<uint16_t*>(scales));
+  }
+  TM_CUDA_LAUNCHED();
+}
 
 size_t q4_act_bytes(int64_t rows, int64_t K, int group) {
   const auto al = [](size_t b) { return (b + 255) / 256 * 256; };
@@ -420,8 +497,9 @@ Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t ro
 }
 
 bool q4_mma_eligible(const DevMat& m) {
-  return m.bits == 4 && (m.group == 32 || m.group == 64 || m.group == 128) &&
-         m.cols % m.group == 0 && reinterpret_cast<uintptr_t>(m.data) % 16 == 0;
+  return m.tiled && (m.group == 32 || m.group == 64 || m.group == 128) && m.cols % m.group == 0 &&
+         reinterpret_cast<uintptr_t>(m.data) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(m.scales) % 16 == 0;
 }
 
 void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, const int32_t* ids,

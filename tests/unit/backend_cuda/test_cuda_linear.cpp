@@ -236,6 +236,44 @@ TEST_F(CudaLinear, Q4DecodeKeepsF32AccuracyOverWideRanges) {
   }
 }
 
+// 4-bit weights are repacked into the GEMV's tile layout at upload; pack_weight does the same to
+// a weight already in device memory (dummy weights are filled there). Both must give the same
+// results bit for bit, in the GEMV (n = 1, 16) and the GEMM (n = 40), for stacked experts whose
+// rows are not a multiple of the 16-row tiles; other formats pass through unchanged.
+TEST_F(CudaLinear, PackWeightOfDeviceDataEqualsUpload) {
+  Rng rng(8);
+  for (DType sd : {DType::BF16, DType::F32}) {
+    HostWeight hw = affine_weight(rng, 4, 64, sd, 20, 256, 3);
+    const Weight uploaded = gpu->upload_weight(hw.w);
+    EXPECT_NE(uploaded.packing, 0) << "4-bit weights are repacked at upload";
+    Weight raw = hw.w;  // the checkpoint layout, in device memory
+    raw.data = up(hw.data);
+    raw.scales = up(hw.scales);
+    raw.biases = up(hw.biases);
+    const Weight packed = gpu->pack_weight(raw);
+    EXPECT_EQ(packed.packing, uploaded.packing);
+    EXPECT_NE(packed.data, raw.data);
+    for (int64_t n : {1, 16, 40}) {
+      std::vector<float> x = rng.normals(static_cast<size_t>(n * 256));
+      float* dx = up(x);
+      const size_t outs = static_cast<size_t>(n * 20);
+      float* a = poisoned(outs);
+      float* b = poisoned(outs);
+      gpu->linear(dx, n, uploaded, a, 2);
+      gpu->linear(dx, n, packed, b, 2);
+      EXPECT_EQ(down(a, outs), down(b, outs)) << dtype_name(sd) << " n=" << n;
+    }
+  }
+  HostWeight q8 = affine_weight(rng, 8, 64, DType::BF16, 20, 256, 0);
+  Weight raw = q8.w;
+  raw.data = up(q8.data);
+  raw.scales = up(q8.scales);
+  raw.biases = up(q8.biases);
+  const Weight same = gpu->pack_weight(raw);
+  EXPECT_EQ(same.data, raw.data);
+  EXPECT_EQ(same.packing, 0);
+}
+
 // Dummy weights are the same on every backend: the values are a function of (seed, index).
 TEST_F(CudaLinear, FillRandomMatchesCpu) {
   const int64_t n = 5000;
