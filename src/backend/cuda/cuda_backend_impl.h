@@ -41,7 +41,7 @@ class CudaBackend final : public Backend {
 
   std::string name() const override;
   // Activation rows at or below which linear() runs the fused GEMV (each weight byte read
-  // once for all rows); above, the tiled GEMM.
+  // once for all rows; 4-bit weights: up to cuda::kQ4GemvMaxRows); above, the tiled GEMM.
   static constexpr int64_t kGemvMaxRows = 16;
 
   void* alloc(size_t bytes) override;

@@ -241,7 +241,8 @@ StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t ste
 void launch_gemv_fast(cudaStream_t st, GemvKind kind, GemvJobs jobs, const float* x, int64_t ldx,
                       int n, const GemvWorkspace& ws) {
   TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs, "gemv: 1..4 matrices per call");
-  TM_CUDA_REQUIRE(n >= 1 && n <= 16, "gemv: 1..16 activation rows");
+  TM_CUDA_REQUIRE(n >= 1 && n <= (kind == GemvKind::kQ4 ? kQ4GemvMaxRows : 16),
+                  "gemv: 1..16 activation rows (4-bit: 1..64)");
   TM_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0,
                   "gemv: activations must be 16-byte aligned");
   if (kind == GemvKind::kQ4) {

@@ -30,8 +30,9 @@ StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t ste
 // The fast kernel that handles `m`, or kNone (other formats, odd sizes, unaligned data).
 GemvKind fast_gemv_kind(const DevMat& m);
 
-// out[j][i, r] = W_j[r, :] . x[i, :] for i < n (1..16), all jobs of the same kind (and, for
-// kQ4, the same group size). kQ4 prepares the activations in ws.act first (q4_act_bytes).
+// out[j][i, r] = W_j[r, :] . x[i, :] for i < n (1..16; kQ4: 1..kQ4GemvMaxRows), all jobs of the
+// same kind (and, for kQ4, the same group size). kQ4 prepares the activations in ws.act first
+// (q4_act_bytes).
 void launch_gemv_fast(cudaStream_t st, GemvKind kind, GemvJobs jobs, const float* x, int64_t ldx,
                       int n, const GemvWorkspace& ws);
 
@@ -54,6 +55,11 @@ bool q4_tile_packable(const Weight& w);
 size_t q4_tile_data_bytes(const Weight& w);
 size_t q4_tile_scale_bytes(const Weight& w);
 void launch_q4_pack(cudaStream_t st, const Weight& w, void* data, void* scales);
+
+// The 4-bit kernel takes up to 64 activation rows (16 column blocks of 4) in one pass over the
+// weights; the other fast GEMVs up to 16.
+constexpr int kQ4GemvMaxRows = 64;
+constexpr int kQ4WideCB = kQ4GemvMaxRows / 4;
 
 // Workspace bytes for `rows` prepared rows of width K.
 size_t q4_act_bytes(int64_t rows, int64_t K, int group);

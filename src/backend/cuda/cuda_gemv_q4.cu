@@ -1,6 +1,6 @@
-// Decode GEMV (1..16 activation rows, or one row per MoE slot) for MLX 4-bit weights, on tensor
-// cores: mma.sync m16n8k16 with F16 operands and F32 accumulation, reading the checkpoint's own
-// packing (no repack at load).
+// Decode GEMV (1..64 activation rows, or one row per MoE slot) for MLX 4-bit weights, on tensor
+// cores: mma.sync m16n8k16 with F16 operands and F32 accumulation, reading the weights in a tile
+// layout made at upload ("The tile layout" below).
 //
 // Why: a SIMT 4-bit GEMV spends about 6 instructions per weight byte unpacking nibbles and doing
 // FMAs, which caps it near a quarter of HBM bandwidth on an H200. Here one 32-bit word of 8
@@ -166,8 +166,16 @@ __device__ __forceinline__ Q4Tile q4_tile(const GemvJobs& jobs, int64_t t, int64
 // fragment (columns 2t, 2t+1) is exactly activation row t of the block: hi + lo. Returns
 // tot[cb][0] (row g) and tot[cb][1] (row g+8) for activation row 4*cb + t. Offsets inside a
 // tile are 32-bit; the tile's base pointers are computed once.
+//
+// Up to 16 activation rows (CB <= 4) every column block's accumulators stay live across the
+// group's words (short mma chains). Wider (CB = kQ4WideCB, 17..64 rows: batched decode and
+// speculative verify) the words are unpacked once and the column blocks run one after another,
+// each applying its scale at once, so registers do not grow with the rows; column blocks past
+// the last activation row are skipped.
 template <int G, int CB, int U, int ST>
 struct Q4TileDot {
+  static constexpr bool kWide = CB > 4;
+  static constexpr int kOffs = kWide ? 1 : CB;  // per-column-block offsets kept (narrow)
   static constexpr int W = G / 32;
   static constexpr int kSB = ST == kF32 ? 4 : 2;  // bytes per scale
   static constexpr int kBlockBytes = 256 * W;     // one tile-group of data: 32 lanes x 8W bytes
@@ -182,9 +190,13 @@ struct Q4TileDot {
   // instructions per load there, measured in the SASS).
   const uint4* xbase;
   const float* sbase;
-  uint32_t xoff[CB];  // this lane's B column (hi or lo part of one activation row)
-  uint32_t soff[CB];  // per-group sums of this lane's C activation row
-  bool has_x[CB], has_s[CB];
+  uint32_t xoff[kOffs];  // this lane's B column (hi or lo part of one activation row)
+  uint32_t soff[kOffs];  // per-group sums of this lane's C activation row
+  bool has_x[kOffs], has_s[kOffs];
+  // Wide: column block cb's offsets are xoff[0] + cb * xstep and soff[0] + cb * sstep, its rows
+  // 4*cb + xrow (B) and 4*cb + srow (C), valid below ncols.
+  uint32_t xstep = 0, sstep = 0;
+  int xrow = 0, srow = 0, ncols = 0;
   int k1;
 
   __device__ Q4TileDot(const Q4Tile& q, const Q4Act& act, int end) : k1(end) {
@@ -198,14 +210,19 @@ struct Q4TileDot {
     xbase = reinterpret_cast<const uint4*>(act.x);
     sbase = act.sums;
 #pragma unroll
-    for (int cb = 0; cb < CB; ++cb) {
+    for (int cb = 0; cb < kOffs; ++cb) {
       const int xr = cb * 4 + g / 2, sr = cb * 4 + t;  // activation rows of the B and C columns
       has_x[cb] = xr < q.ncols;
       has_s[cb] = sr < q.ncols;
       xoff[cb] = static_cast<uint32_t>(
-          ((q.cbase + (has_x[cb] ? xr : 0)) * act.ld + (g & 1) * K) / 8 + t * W);
-      soff[cb] = static_cast<uint32_t>((q.cbase + (has_s[cb] ? sr : 0)) * groups);
+          ((q.cbase + (has_x[cb] || kWide ? xr : 0)) * act.ld + (g & 1) * K) / 8 + t * W);
+      soff[cb] = static_cast<uint32_t>((q.cbase + (has_s[cb] || kWide ? sr : 0)) * groups);
     }
+    xstep = static_cast<uint32_t>(4 * act.ld / 8);
+    sstep = static_cast<uint32_t>(4 * groups);
+    xrow = g / 2;
+    srow = t;
+    ncols = q.ncols;
   }
 
   __device__ __forceinline__ void load(Buf& b, int base) const {
@@ -246,6 +263,15 @@ struct Q4TileDot {
   }
 
   __device__ __forceinline__ void compute(const Buf& b, int base, float (&tot)[CB][2]) const {
+    if constexpr (kWide) {
+      compute_wide(b, base, tot);
+    } else {
+      compute_narrow(b, base, tot);
+    }
+  }
+
+  __device__ __forceinline__ void compute_narrow(const Buf& b, int base,
+                                                 float (&tot)[CB][2]) const {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int grp = base + u;
@@ -285,6 +311,38 @@ struct Q4TileDot {
         const float X = has_s[cb] ? __ldg(sbase + (soff[cb] + grp)) : 0.0f;
         tot[cb][0] += sc[0] * (d[0][cb][0] + d[0][cb][1]) + bi[0] * X;
         tot[cb][1] += sc[1] * (d[0][cb][2] + d[0][cb][3]) + bi[1] * X;
+      }
+    }
+  }
+
+  __device__ __forceinline__ void compute_wide(const Buf& b, int base, float (&tot)[CB][2]) const {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int grp = base + u;
+      if (grp >= k1) break;
+      uint32_t ea[W][4], eb[W][4];
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        unpack_word(b.w[u][w], ea[w]);
+        unpack_word(b.w[u][W + w], eb[w]);
+      }
+      float sc[2], bi[2];
+      scales(b.s[u], sc, bi);
+#pragma unroll
+      for (int cb = 0; cb < CB; ++cb) {
+        if (cb * 4 >= ncols) break;  // the same for the whole warp
+        const bool hx = cb * 4 + xrow < ncols, hs = cb * 4 + srow < ncols;
+        const uint32_t xo = xoff[0] + cb * xstep + grp * (G / 8);
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          const uint4 x = hx ? __ldg(xbase + (xo + w)) : make_uint4(0, 0, 0, 0);
+          mma_f16(d, ea[w][0], eb[w][0], ea[w][1], eb[w][1], x.x, x.y);
+          mma_f16(d, ea[w][2], eb[w][2], ea[w][3], eb[w][3], x.z, x.w);
+        }
+        const float X = hs ? __ldg(sbase + (soff[0] + cb * sstep + grp)) : 0.0f;
+        tot[cb][0] += sc[0] * (d[0] + d[1]) + bi[0] * X;
+        tot[cb][1] += sc[1] * (d[2] + d[3]) + bi[1] * X;
       }
     }
   }
@@ -354,7 +412,7 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
                   const GemvWorkspace& ws) {
   // Groups per buffer: 64 bytes of weights per lane (32 at group 32, where F32 scales would
   // spill), so each warp keeps 2-4 KB in flight.
-  constexpr int U = G == 32 ? 4 : G == 64 ? 4 : 2;
+  constexpr int U = CB > 4 ? 2 : G == 32 ? 4 : G == 64 ? 4 : 2;
   const auto kernel = q4_gemv_kernel<G, CB, U, ST>;
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
                                   jobs.m[0].cols / G, 32 * CB * 2, ws);
@@ -505,7 +563,8 @@ bool q4_mma_eligible(const DevMat& m) {
 void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, const int32_t* ids,
                     int64_t slots, int64_t x_div, const GemvWorkspace& ws) {
   TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs, "q4 gemv: 1..4 matrices");
-  TM_CUDA_REQUIRE(ids != nullptr || (n >= 1 && n <= 16), "q4 gemv: 1..16 activation rows");
+  TM_CUDA_REQUIRE(ids != nullptr || (n >= 1 && n <= kQ4GemvMaxRows),
+                  "q4 gemv: 1..64 activation rows");
   TM_CUDA_REQUIRE(ids == nullptr || slots >= 1, "q4 gemv: no slots");
   int64_t tiles_per_slot = 0;
   for (int j = 0; j < jobs.count; ++j) {
@@ -517,15 +576,18 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
   }
   jobs.first_tile[jobs.count] = tiles_per_slot;
   const int64_t tiles = tiles_per_slot * (ids ? slots : 1);
-  const int cb = ids != nullptr || n <= 4 ? 1 : n <= 8 ? 2 : 4;  // column blocks of 4 rows
+  // Column blocks of 4 rows.
+  const int cb = ids != nullptr || n <= 4 ? 1 : n <= 8 ? 2 : n <= 16 ? 4 : kQ4WideCB;
   auto by_cb = [&](auto group_tag) {
     constexpr int G = decltype(group_tag)::value;
     if (cb == 1) {
       launch_group<G, 1>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
     } else if (cb == 2) {
       launch_group<G, 2>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
-    } else {
+    } else if (cb == 4) {
       launch_group<G, 4>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+    } else {
+      launch_group<G, kQ4WideCB>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
     }
   };
   switch (act.group) {

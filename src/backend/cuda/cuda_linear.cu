@@ -1,7 +1,7 @@
-// CudaBackend::linear and embed. n <= kGemvMaxRows activation rows: the fast GEMVs of
-// cuda_gemv.cu / cuda_gemv_q4.cu, or here a warp per weight row for the other formats (decode
-// is bound by weight bandwidth; each weight byte is read once for all n rows). Larger n: the
-// tensor-core GEMM of cuda_gemm.cu.
+// CudaBackend::linear and embed. n <= kGemvMaxRows activation rows (4-bit: kQ4GemvMaxRows): the
+// fast GEMVs of cuda_gemv.cu / cuda_gemv_q4.cu, or here a warp per weight row for the other formats
+// (decode is bound by weight bandwidth; each weight byte is read once for all n rows). Larger n:
+// the tensor-core GEMM of cuda_gemm.cu.
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -209,22 +209,29 @@ cuda::GemvKind fast_kind(const DevMat& m, int64_t n, size_t ws_bytes) {
   }
   return kind;
 }
+// Activation rows up to which the fast GEMV of `kind` runs (each weight byte read once for all
+// rows); above, the GEMM.
+int64_t gemv_max_rows(cuda::GemvKind kind) {
+  return kind == cuda::GemvKind::kQ4 ? cuda::kQ4GemvMaxRows : CudaBackend::kGemvMaxRows;
+}
 }  // namespace
 
 void CudaBackend::linear(const float* x, int64_t n, const Weight& w, float* out, int expert) {
   if (n <= 0) return;
   const DevMat m = cuda::make_devmat(w, expert);
   const int64_t ldx = m.cols, ldo = m.rows;
+  if (const cuda::GemvKind kind =
+          n <= cuda::kQ4GemvMaxRows ? fast_kind(m, n, kGemvWorkspaceBytes) : cuda::GemvKind::kNone;
+      kind != cuda::GemvKind::kNone && n <= gemv_max_rows(kind) &&
+      reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    cuda::GemvJobs jobs;
+    jobs.m[0] = m;
+    jobs.out[0] = out;
+    jobs.count = 1;
+    cuda::launch_gemv_fast(stream_, kind, jobs, x, ldx, static_cast<int>(n), gemv_ws_);
+    return;
+  }
   if (n <= kGemvMaxRows) {
-    if (const cuda::GemvKind kind = fast_kind(m, n, kGemvWorkspaceBytes);
-        kind != cuda::GemvKind::kNone && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-      cuda::GemvJobs jobs;
-      jobs.m[0] = m;
-      jobs.out[0] = out;
-      jobs.count = 1;
-      cuda::launch_gemv_fast(stream_, kind, jobs, x, ldx, static_cast<int>(n), gemv_ws_);
-      return;
-    }
     const unsigned grid = cuda::blocks_for(m.rows, cuda::kGemvWarps);
     const int threads = cuda::kGemvWarps * 32;
     const int ni = static_cast<int>(n);
@@ -245,14 +252,14 @@ void CudaBackend::linear_multi(const float* x, int64_t n, const Weight* const* w
                                float* const* outs, int count) {
   if (n <= 0 || count <= 0) return;
   // One launch when every matrix has the same fast kernel and the same input width.
-  bool fused =
-      n <= kGemvMaxRows && count <= cuda::kMaxGemvJobs && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  bool fused = n <= cuda::kQ4GemvMaxRows && count <= cuda::kMaxGemvJobs &&
+               reinterpret_cast<uintptr_t>(x) % 16 == 0;
   cuda::GemvJobs jobs;
   cuda::GemvKind kind = cuda::GemvKind::kNone;
   for (int i = 0; i < count && fused; ++i) {
     const DevMat m = cuda::make_devmat(*ws[i], 0);
     const cuda::GemvKind k = fast_kind(m, n, kGemvWorkspaceBytes);
-    if (k == cuda::GemvKind::kNone ||
+    if (k == cuda::GemvKind::kNone || n > gemv_max_rows(k) ||
         (i > 0 && (k != kind || m.cols != jobs.m[0].cols || m.group != jobs.m[0].group ||
                    m.sdtype != jobs.m[0].sdtype))) {
       fused = false;

@@ -213,7 +213,7 @@ TEST_F(CudaLinear, Q4DecodeKeepsF32AccuracyOverWideRanges) {
   for (int group : {32, 64, 128}) {
     HostWeight hw = affine_weight(rng, 4, group, DType::BF16, 70, 5120, 0);
     const Weight dw = gpu->upload_weight(hw.w);
-    for (int64_t n : {1, 4, 9, 16}) {
+    for (int64_t n : {1, 4, 9, 16, 37, 64}) {  // 37, 64: the wide (17..64-row) kernel
       std::vector<float> x = rng.normals(static_cast<size_t>(n * 5120));
       for (int64_t i = 0; i < n; ++i) {
         const float scale = i % 3 == 0 ? 1e4f : i % 3 == 1 ? 1e-6f : 1.0f;
