@@ -51,6 +51,9 @@ __device__ __forceinline__ float block_max_abs(float v, float* red) {
 // converts its own words: a decode row is then spread over several SMs instead of one.
 __global__ void __launch_bounds__(kQ4Threads)
     q4_prepare_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, int group, Q4Act act) {
+  // The GEMV that follows starts loading its weights now; it waits for this kernel's
+  // completion before it reads the activations.
+  allow_dependent_launch();
   __shared__ float red[32];
   const int64_t c = blockIdx.x;
   const float* xr = x + c * ldx;
@@ -354,6 +357,7 @@ struct Q4TileDot {
     for (int cb = 0; cb < CB; ++cb) tot[cb][0] = tot[cb][1] = 0.0f;
     Buf b0, b1;
     load(b0, k0);
+    wait_for_previous_grid();  // the prepared activations (launch_dependent)
     for (int base = k0; base < k1; base += 2 * U) {
       load(b1, base + U);
       compute(b0, base, tot);
@@ -370,6 +374,9 @@ __global__ void __launch_bounds__(128, CB == 1 ? 4 : 2)
                    StreamK sk, int64_t tiles_per_slot) {
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
+  // Launched as a dependent of the activation preparation: everything but the weights waits
+  // for it (the expert ids of a MoE call come from kernels before it too).
+  if (ids != nullptr) wait_for_previous_grid();
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t end = sk.lo(w + 1);
   for (int64_t p = sk.lo(w); p < end;) {
@@ -416,8 +423,9 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
   const auto kernel = q4_gemv_kernel<G, CB, U, ST>;
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
                                   jobs.m[0].cols / G, 32 * CB * 2, ws);
-  kernel<<<static_cast<unsigned>((sk.warps + 3) / 4), 128, 0, st>>>(jobs, act, n, ids, x_div, sk,
-                                                                    tiles_per_slot);
+  // Dependent launch: the warps start streaming weights while the preparation kernel runs.
+  launch_dependent(kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), st, jobs,
+                   act, n, ids, x_div, sk, tiles_per_slot);
 }
 
 template <int G, int CB>
