@@ -1,4 +1,4 @@
-// Decode matmul bandwidth on any backend: Backend::linear (and linear_multi) at n = 1, 4 and 16
+// Decode matmul bandwidth on any backend: Backend::linear (and linear_multi) at n = 1, 4, 16, 64
 // activation rows over Qwen3.5-27B-sized matrices in bf16, 4-bit and 8-bit, rotating through
 // enough copies that the weights never sit in a cache (>= 512 MB per format). Prints the
 // weight GB/s of each kernel and its share of the read bandwidth Backend::read_probe measures
@@ -51,7 +51,17 @@ std::vector<Weight> make_weights(Backend& be, const Format& f, int64_t rows, int
       w.scales = make(DType::BF16, rows * (cols / 64), 0.001f, 30 + c);
       w.biases = make(DType::BF16, rows * (cols / 64), 0.01f, 40 + c);
     }
-    ws.push_back(w);
+    // The backend's own arrangement (4-bit tiles on CUDA), as for a loaded model.
+    const Weight packed = be.pack_weight(w);
+    for (const void* p : {w.data, w.scales, w.biases}) {
+      if (p == nullptr || p == packed.data || p == packed.scales || p == packed.biases) continue;
+      auto it = std::find(owned.begin(), owned.end(), p);
+      if (it != owned.end()) {
+        be.free(*it);
+        owned.erase(it);
+      }
+    }
+    ws.push_back(packed);
   }
   return ws;
 }
@@ -88,9 +98,10 @@ int main(int argc, char** argv) {
   std::printf("%s\nread bandwidth (read_probe): %.1f GB/s\n\n", be.name().c_str(), bw);
 
   const int64_t H = 5120, I = 17408;  // the 27B shape: MLP up (I x H) and down (H x I)
-  void* x = be.alloc(static_cast<size_t>(16 * I) * 4);
-  void* out = be.alloc(static_cast<size_t>(16 * I) * 4 * 3);
-  be.fill_random(x, DType::F32, 16 * I, 1.0f, 1);
+  constexpr int64_t kMaxN = 64;
+  void* x = be.alloc(static_cast<size_t>(kMaxN * I) * 4);
+  void* out = be.alloc(static_cast<size_t>(kMaxN * I) * 4 * 3);
+  be.fill_random(x, DType::F32, kMaxN * I, 1.0f, 1);
   std::printf("%-8s %-14s %6s %10s %8s\n", "format", "shape", "rows", "GB/s", "% bw");
   for (const Format& f : {Format{"bf16", 0}, Format{"q4g64", 4}, Format{"q8g64", 8}}) {
     for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{I, H}, {H, I}}) {
@@ -98,7 +109,7 @@ int main(int argc, char** argv) {
       const double bytes = f.bits ? rows * cols * (f.bits / 8.0 + 4.0 / 64) : rows * cols * 2.0;
       const int copies = static_cast<int>(std::max(2.0, 512e6 / bytes));
       std::vector<Weight> ws = make_weights(be, f, rows, cols, copies, owned);
-      for (int64_t n : {1, 4, 16}) {
+      for (int64_t n : {int64_t{1}, int64_t{4}, int64_t{16}, kMaxN}) {
         const double gbs =
             time_linear(be, ws, static_cast<const float*>(x), n, static_cast<float*>(out), reps);
         std::printf("%-8s %6lldx%-7lld %6lld %10.1f %7.1f%%\n", f.name,
