@@ -229,7 +229,12 @@ StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t ste
   sk.tiles = tiles;
   sk.steps = steps;
   const int64_t resident = static_cast<int64_t>(std::max(per_sm, 1)) * ws.sm_count * (threads / 32);
-  sk.warps = std::max<int64_t>(1, std::min({resident, tiles * steps, ws.max_warps}));
+  // Wide partials (the 64-row 4-bit GEMV: 1,024 floats per slot) may cap the warps below one
+  // full wave; the division stays exact, only occupancy drops.
+  const int64_t by_partials =
+      static_cast<int64_t>(ws.partial_floats / (2 * static_cast<size_t>(slot_floats)));
+  sk.warps =
+      std::max<int64_t>(1, std::min({resident, tiles * steps, ws.max_warps, by_partials}));
   sk.partials = ws.partials;
   sk.counters = ws.counters;
   sk.slot_floats = slot_floats;
