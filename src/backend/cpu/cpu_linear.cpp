@@ -14,6 +14,8 @@ MatView resolve(const Weight& w, int expert) {
   MatView m;
   TM_CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0, "linear on an empty weight ({}x{})",
            w.rows, w.cols);
+  TM_CHECK(w.packing == 0, "weight in another backend's packing ({}): upload it to this one",
+           w.packing);
   const int64_t count = w.experts > 0 ? w.experts : 1;
   TM_CHECK(expert >= 0 && expert < count, "expert {} of a weight with {} matrices", expert, count);
   m.dtype = w.dtype;

@@ -233,8 +233,7 @@ StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t ste
   // full wave; the division stays exact, only occupancy drops.
   const int64_t by_partials =
       static_cast<int64_t>(ws.partial_floats / (2 * static_cast<size_t>(slot_floats)));
-  sk.warps =
-      std::max<int64_t>(1, std::min({resident, tiles * steps, ws.max_warps, by_partials}));
+  sk.warps = std::max<int64_t>(1, std::min({resident, tiles * steps, ws.max_warps, by_partials}));
   sk.partials = ws.partials;
   sk.counters = ws.counters;
   sk.slot_floats = slot_floats;
