@@ -53,14 +53,7 @@ std::vector<Weight> make_weights(Backend& be, const Format& f, int64_t rows, int
     }
     // The backend's own arrangement (4-bit tiles on CUDA), as for a loaded model.
     const Weight packed = be.pack_weight(w);
-    for (const void* p : {w.data, w.scales, w.biases}) {
-      if (p == nullptr || p == packed.data || p == packed.scales || p == packed.biases) continue;
-      auto it = std::find(owned.begin(), owned.end(), p);
-      if (it != owned.end()) {
-        be.free(*it);
-        owned.erase(it);
-      }
-    }
+    release_replaced(be, w, packed, owned);
     ws.push_back(packed);
   }
   return ws;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensor/dtype.h"
 
@@ -45,6 +46,12 @@ struct Weight {
     return bytes_per_matrix() * static_cast<size_t>(experts ? experts : 1);
   }
 };
+
+class Backend;
+// After `after = backend.pack_weight(before)`: frees the buffers of `before` that `after` does
+// not use, and drops them from `owned` (the caller's list of buffers it frees at the end).
+void release_replaced(Backend& backend, const Weight& before, const Weight& after,
+                      std::vector<void*>& owned);
 
 // Varlen sequence layout for one forward call: sequence s owns rows
 // [cu_seqlens[s], cu_seqlens[s+1]) of every activation.

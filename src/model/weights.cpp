@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -52,14 +51,7 @@ Weight WeightStore::random_weight(const Weight& shape, float stddev, uint64_t se
   // The backend's own arrangement, as for an uploaded weight (the speed measured with dummy
   // weights is the speed of real ones); the generated buffers go when it made new ones.
   const Weight packed = backend_.pack_weight(w);
-  for (const void* p : {w.data, w.scales, w.biases}) {
-    if (p == nullptr || p == packed.data || p == packed.scales || p == packed.biases) continue;
-    auto it = std::find(owned_.begin(), owned_.end(), p);
-    if (it != owned_.end()) {
-      backend_.free(*it);
-      owned_.erase(it);
-    }
-  }
+  release_replaced(backend_, w, packed, owned_);
   return packed;
 }
 

@@ -4,8 +4,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
-
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
 #include "util/error.h"
@@ -140,16 +138,7 @@ Weight CudaBackend::upload_weight(const Weight& host) {
     d.biases = put(host.biases, sb_bytes);
   }
   const Weight packed = pack_weight(d);
-  if (packed.data != d.data) {  // the checkpoint-layout copies were only the packing's input
-    for (const void* p : {d.data, d.scales, d.biases}) {
-      if (p == nullptr) continue;
-      auto it = std::find(owned_.begin(), owned_.end(), p);
-      if (it != owned_.end()) {
-        free(*it);
-        owned_.erase(it);
-      }
-    }
-  }
+  release_replaced(*this, d, packed, owned_);  // the checkpoint-layout copies were its input
   return packed;
 }
 

@@ -168,16 +168,24 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
-// `red` is 32 floats of shared memory; the call contains barriers (all threads must call).
-__device__ __forceinline__ float block_sum(float v, float* red) {
+// A reduction over the block (blockDim.x a multiple of 32, <= 1024) with `warp_op` (warp_sum,
+// warp_max; 0 must be its identity for the values given); every thread gets the result. `red`
+// is 32 floats of shared memory; the call contains barriers (all threads must call).
+template <float (*warp_op)(float)>
+__device__ __forceinline__ float block_reduce(float v, float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_sum(v);
+  v = warp_op(v);
   __syncthreads();
   if (lane == 0) red[warp] = v;
   __syncthreads();
-  float t = lane < nw ? red[lane] : 0.0f;
-  return warp_sum(t);
+  return warp_op(lane < nw ? red[lane] : 0.0f);
+}
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  return block_reduce<warp_sum>(v, red);
+}
+// Of non-negative values.
+__device__ __forceinline__ float block_max(float v, float* red) {
+  return block_reduce<warp_max>(v, red);
 }
 
 // Sequence owning token row t: the s with cu[s] <= t < cu[s+1] (binary search), or -1.

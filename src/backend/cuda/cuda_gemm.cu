@@ -74,15 +74,9 @@ __global__ void abs_max_kernel(const float* __restrict__ x, int64_t n,
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     m = fmaxf(m, fabsf(x[i]));
   }
-  m = warp_max(m);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) red[warp] = m;
-  __syncthreads();
-  if (warp == 0) {
-    m = warp_max(lane < static_cast<int>(blockDim.x >> 5) ? red[lane] : 0.0f);
-    // Non-negative floats order like their bit patterns.
-    if (lane == 0) atomicMax(max_bits, __float_as_uint(m));
-  }
+  m = block_max(m, red);
+  // Non-negative floats order like their bit patterns.
+  if (threadIdx.x == 0) atomicMax(max_bits, __float_as_uint(m));
 }
 
 __device__ __forceinline__ int act_exponent(unsigned max_bits) {

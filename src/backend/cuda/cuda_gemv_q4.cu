@@ -37,15 +37,6 @@ namespace {
 
 constexpr int kQ4Threads = 256;  // prepare kernel
 
-__device__ __forceinline__ float block_max_abs(float v, float* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  return warp_max(lane < nw ? red[lane] : 0.0f);
-}
-
 // Block (c, p): activation row c, part p of its words (parts of whole warps, so a group's words
 // stay in one warp). Every part computes the row's max itself (the row is a few KB in L2) and
 // converts its own words: a decode row is then spread over several SMs instead of one.
@@ -70,7 +61,7 @@ __global__ void __launch_bounds__(kQ4Threads)
     const float4 v = x4[k];
     m = fmaxf(fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
   }
-  m = block_max_abs(m, red);
+  m = block_max(m, red);
   // x is multiplied by 2^e, e from m's exponent bits (m subnormal: e = 126).
   int e = 0;
   if (m > 0.0f && m <= FLT_MAX) {
