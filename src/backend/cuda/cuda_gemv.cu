@@ -250,7 +250,8 @@ void launch_gemv_fast(cudaStream_t st, GemvKind kind, GemvJobs jobs, const float
   TM_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0,
                   "gemv: activations must be 16-byte aligned");
   if (kind == GemvKind::kQ4) {
-    const Q4Act act = launch_q4_prepare(st, x, ldx, n, jobs.m[0].cols, jobs.m[0].group, ws);
+    const Q4Act act = launch_q4_prepare(st, x, ldx, n, jobs.m[0].cols, jobs.m[0].group,
+                                        q4_operands_for(n, false), ws);
     launch_q4_gemv(st, jobs, act, n, nullptr, 0, 1, ws);
     return;
   }

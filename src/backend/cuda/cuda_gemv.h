@@ -36,16 +36,28 @@ GemvKind fast_gemv_kind(const DevMat& m);
 void launch_gemv_fast(cudaStream_t st, GemvKind kind, GemvJobs jobs, const float* x, int64_t ldx,
                       int n, const GemvWorkspace& ws);
 
-// --- 4-bit tensor-core GEMV (cuda_gemv_q4.cu) ---
+// --- 4-bit tensor-core GEMVs (cuda_gemv_q4.cu: F16 operands; cuda_gemv_q4d.cu: 8-bit digits) ---
 
-// Activations prepared for the 4-bit kernel: per row, hi and lo f16 parts in the kernel's k
-// order ([rows, 2K]: hi then lo), per-group sums X and the row's power-of-two scale.
+// How the activations are given to the tensor cores: hi and lo F16 parts (5..64 rows: one mma
+// serves four rows) or four signed 8-bit digits (1..kQ4DigitMaxRows rows and MoE slots: fewer
+// instructions per weight byte, the batch-1 bound).
+enum class Q4Operands { kF16, kDigits };
+constexpr int kQ4DigitMaxRows = 4;
+inline Q4Operands q4_operands_for(int64_t n, bool experts) {
+  return experts || n <= kQ4DigitMaxRows ? Q4Operands::kDigits : Q4Operands::kF16;
+}
+
+// Activations prepared for the 4-bit kernels, 4K bytes per row either way: F16, hi and lo parts
+// in the kernel's k order ([rows, 2K] halves: hi then lo), per-group sums of the scaled values
+// and the row's power-of-two scale back (colscale); digits, [rows][4][K/8] of 8 bytes and per
+// group {power-of-two scale back, sum of the values} (sums as float2; colscale unused).
 struct Q4Act {
   __half* x = nullptr;
   int64_t ld = 0;  // halves per prepared row (2K)
   float* sums = nullptr;
   float* colscale = nullptr;
   int group = 0;
+  Q4Operands operands = Q4Operands::kF16;
 };
 
 // The tile layout (kQ4TilePacking, described in cuda_gemv_q4.cu) the kernel reads: whether `w`
@@ -65,10 +77,17 @@ constexpr int kQ4WideCB = kQ4GemvMaxRows / 4;
 size_t q4_act_bytes(int64_t rows, int64_t K, int group);
 bool q4_mma_eligible(const DevMat& m);
 Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t rows, int64_t K,
-                        int group, const GemvWorkspace& ws);
+                        int group, Q4Operands operands, const GemvWorkspace& ws);
 // ids == nullptr: out[j][i, r] for the n prepared rows. Otherwise one activation row per slot:
 // out[j][s, r] = W_j[ids[s]][r, :] . prepared row s / x_div.
 void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, const int32_t* ids,
                     int64_t slots, int64_t x_div, const GemvWorkspace& ws);
+
+// The digit kernels (cuda_gemv_q4d.cu), called by the two above with checked arguments.
+void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, int64_t ldx, int64_t rows,
+                               int64_t K, const Q4Act& act);
+void launch_q4d_gemv_kernel(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
+                            const int32_t* ids, int64_t x_div, int64_t tiles,
+                            int64_t tiles_per_slot, const GemvWorkspace& ws);
 
 }  // namespace tokenmill::cuda

@@ -1,6 +1,7 @@
-// Decode GEMV (1..64 activation rows, or one row per MoE slot) for MLX 4-bit weights, on tensor
-// cores: mma.sync m16n8k16 with F16 operands and F32 accumulation, reading the weights in a tile
-// layout made at upload ("The tile layout" below).
+// Decode GEMV for MLX 4-bit weights with 5..64 activation rows (batched decode, speculative
+// verify), on tensor cores: mma.sync m16n8k16 with F16 operands and F32 accumulation, reading
+// the weights in a tile layout made at upload ("The tile layout" in cuda_q4_pack.cu). One to
+// four rows and MoE slots take the 8-bit digit kernel (cuda_gemv_q4d.cu).
 //
 // Why: a SIMT 4-bit GEMV spends about 6 instructions per weight byte unpacking nibbles and doing
 // FMAs, which caps it near a quarter of HBM bandwidth on an H200. Here one 32-bit word of 8
@@ -30,7 +31,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/cuda_gemv.h"
+#include "backend/cuda/cuda_gemv_q4.cuh"
 
 namespace tokenmill::cuda {
 namespace {
@@ -126,33 +127,7 @@ __device__ __forceinline__ void unpack_word(uint32_t w, uint32_t (&e)[4]) {
   e[3] = minus_1024((h & 0x00F000F0u) | 0x64006400u);
 }
 
-// Where tile t lives: slot (MoE) or activation columns, job, first row, and the matrix.
-struct Q4Tile {
-  DevMat m;
-  float* out;
-  int64_t r0, cbase;
-  int ncols;
-  bool bad_expert;
-};
-
-__device__ __forceinline__ Q4Tile q4_tile(const GemvJobs& jobs, int64_t t, int64_t tiles_per_slot,
-                                          int n, const int32_t* ids, int64_t x_div) {
-  const int64_t slot = t / tiles_per_slot, jt = t - slot * tiles_per_slot;
-  int j = 0;
-  while (j + 1 < jobs.count && jt >= jobs.first_tile[j + 1]) ++j;
-  Q4Tile q{jobs.m[j], jobs.out[j], (jt - jobs.first_tile[j]) * 16, 0, n, false};
-  if (ids != nullptr) {
-    const int e = ids[slot];
-    q.out += slot * q.m.rows;
-    q.bad_expert = e < 0 || e >= q.m.experts;
-    if (!q.bad_expert) q.m = at_expert(q.m, e);
-    q.cbase = slot / x_div;
-    q.ncols = 1;
-  }
-  return q;
-}
-
-// Groups [k0, k1) of one 16-row tile, in the tile layout (see "The tile layout" below). Lane
+// Groups [k0, k1) of one 16-row tile, in the tile layout (cuda_q4_pack.cu). Lane
 // (g = lane/4, t = lane%4) holds weight rows g and g+8 and words [t*W, t*W+W) of each group:
 // one load of 8W contiguous bytes, and one load of its rows' scales and biases. The mma's 8
 // columns carry up to 4 activation rows per column block, hi and lo parts side by side (column
@@ -173,7 +148,7 @@ struct Q4TileDot {
   static constexpr int W = G / 32;
   static constexpr int kSB = ST == kF32 ? 4 : 2;  // bytes per scale
   static constexpr int kBlockBytes = 256 * W;     // one tile-group of data: 32 lanes x 8W bytes
-  using SVec = std::conditional_t<kSB == 4, uint4, uint2>;
+  using SVec = Q4ScaleVec<ST>;
   struct Buf {
     uint32_t w[U][2 * W];  // row g's W words, then row g+8's
     SVec s[U];             // scale g, bias g, scale g+8, bias g+8
@@ -241,21 +216,6 @@ struct Q4TileDot {
     }
   }
 
-  // Scale and bias of rows g (h = 0) and g+8 (h = 1).
-  __device__ __forceinline__ static void scales(const SVec& v, float (&sc)[2], float (&bi)[2]) {
-    if constexpr (ST == kF32) {
-      sc[0] = __uint_as_float(v.x), bi[0] = __uint_as_float(v.y);
-      sc[1] = __uint_as_float(v.z), bi[1] = __uint_as_float(v.w);
-    } else if constexpr (ST == kBF16) {
-      sc[0] = __uint_as_float(v.x << 16), bi[0] = __uint_as_float(v.x & 0xffff0000u);
-      sc[1] = __uint_as_float(v.y << 16), bi[1] = __uint_as_float(v.y & 0xffff0000u);
-    } else {
-      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
-      const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
-      sc[0] = a.x, bi[0] = a.y, sc[1] = c.x, bi[1] = c.y;
-    }
-  }
-
   __device__ __forceinline__ void compute(const Buf& b, int base, float (&tot)[CB][2]) const {
     if constexpr (kWide) {
       compute_wide(b, base, tot);
@@ -299,7 +259,7 @@ struct Q4TileDot {
 #pragma unroll
           for (int i = 0; i < 4; ++i) d[0][cb][i] += d[w][cb][i];
       float sc[2], bi[2];
-      scales(b.s[u], sc, bi);
+      q4_scales<ST>(b.s[u], sc, bi);
 #pragma unroll
       for (int cb = 0; cb < CB; ++cb) {
         const float X = has_s[cb] ? __ldg(sbase + (soff[cb] + grp)) : 0.0f;
@@ -321,7 +281,7 @@ struct Q4TileDot {
         unpack_word(b.w[u][W + w], eb[w]);
       }
       float sc[2], bi[2];
-      scales(b.s[u], sc, bi);
+      q4_scales<ST>(b.s[u], sc, bi);
 #pragma unroll
       for (int cb = 0; cb < CB; ++cb) {
         if (cb * 4 >= ncols) break;  // the same for the whole warp
@@ -360,28 +320,19 @@ struct Q4TileDot {
 
 // Each warp takes an equal range of the flattened (tile, group) work (cuda_streamk.cuh).
 template <int G, int CB, int U, int ST>
-__global__ void __launch_bounds__(128, CB == 1 ? 4 : 2)
-    q4_gemv_kernel(GemvJobs jobs, Q4Act act, int n, const int32_t* __restrict__ ids, int64_t x_div,
-                   StreamK sk, int64_t tiles_per_slot) {
+__global__ void __launch_bounds__(128, 2)
+    q4_gemv_kernel(GemvJobs jobs, Q4Act act, int n, StreamK sk) {
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
-  // Launched as a dependent of the activation preparation: everything but the weights waits
-  // for it (the expert ids of a MoE call come from kernels before it too).
-  if (ids != nullptr) wait_for_previous_grid();
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t end = sk.lo(w + 1);
   for (int64_t p = sk.lo(w); p < end;) {
     const int64_t tile = p / sk.steps, k0 = p - tile * sk.steps;
     const int64_t k1 = min(sk.steps, end - tile * sk.steps);
     p = tile * sk.steps + k1;
-    const Q4Tile q = q4_tile(jobs, tile, tiles_per_slot, n, ids, x_div);
+    const Q4Tile q = q4_tile(jobs, tile, sk.tiles, n, nullptr, 1);
     float tot[CB][2];
-    if (q.bad_expert) {  // the router never produces one; make it visible
-#pragma unroll
-      for (int cb = 0; cb < CB; ++cb) tot[cb][0] = tot[cb][1] = __int_as_float(0x7fc00000);
-    } else {
-      Q4TileDot<G, CB, U, ST>(q, act, static_cast<int>(k1)).run(static_cast<int>(k0), tot);
-    }
+    Q4TileDot<G, CB, U, ST>(q, act, static_cast<int>(k1)).run(static_cast<int>(k0), tot);
     if (k0 > 0 || k1 < sk.steps) {
       if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, &tot[0][0], CB * 2)) continue;
     }
@@ -389,147 +340,56 @@ __global__ void __launch_bounds__(128, CB == 1 ? 4 : 2)
     for (int cb = 0; cb < CB; ++cb) {
       const int c = cb * 4 + t;  // activation row
       if (c >= q.ncols) continue;
-      const float scale = act.colscale[q.cbase + c];
+      const float scale = act.colscale[c];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t r = q.r0 + g + 8 * h;
-        if (r >= q.m.rows) continue;
-        if (ids != nullptr) {
-          q.out[r] = tot[cb][h] * scale;
-        } else {
-          q.out[c * q.m.rows + r] = tot[cb][h] * scale;
-        }
+        if (r < q.m.rows) q.out[c * q.m.rows + r] = tot[cb][h] * scale;
       }
     }
   }
 }
 
 template <int G, int CB, int ST>
-void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
-                  const int32_t* ids, int64_t x_div, int64_t tiles, int64_t tiles_per_slot,
+void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, int64_t tiles,
                   const GemvWorkspace& ws) {
-  // Groups per buffer: 64 bytes of weights per lane (32 at group 32, where F32 scales would
-  // spill), so each warp keeps 2-4 KB in flight.
-  constexpr int U = CB > 4 ? 2 : G == 32 ? 4 : G == 64 ? 4 : 2;
+  // Groups per buffer: 64 bytes of weights per lane (32 at group 128, and for the wide kernel),
+  // so each warp keeps 2-4 KB in flight.
+  constexpr int U = CB > 4 ? 2 : G == 128 ? 2 : 4;
   const auto kernel = q4_gemv_kernel<G, CB, U, ST>;
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
                                   jobs.m[0].cols / G, 32 * CB * 2, ws);
   // Dependent launch: the warps start streaming weights while the preparation kernel runs.
   launch_dependent(kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), st, jobs,
-                   act, n, ids, x_div, sk, tiles_per_slot);
+                   act, n, sk);
 }
 
 template <int G, int CB>
-void launch_group(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
-                  const int32_t* ids, int64_t x_div, int64_t tiles, int64_t tiles_per_slot,
+void launch_group(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, int64_t tiles,
                   const GemvWorkspace& ws) {
   switch (jobs.m[0].sdtype) {
     case kBF16:
-      launch_typed<G, CB, kBF16>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      launch_typed<G, CB, kBF16>(st, jobs, act, n, tiles, ws);
       break;
     case kF16:
-      launch_typed<G, CB, kF16>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      launch_typed<G, CB, kF16>(st, jobs, act, n, tiles, ws);
       break;
     default:
-      launch_typed<G, CB, kF32>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      launch_typed<G, CB, kF32>(st, jobs, act, n, tiles, ws);
   }
-}
-
-// ---- The tile layout (Weight::packing == kQ4TilePacking), made once at upload ----
-// The checkpoint's row-major packing makes each lane gather its mma operands from two rows and
-// its scales from four places (two 8-byte and four 2-byte loads per group). Rearranged, with
-// W = G/32 words per lane and 16-row tiles (rows padded with zeros to a multiple of 16):
-// - data: block (tile, group) is 32 lanes x 2W words; lane g*4+t holds words [t*W, t*W+W) of
-//   the group in row 16*tile+g, then the same words of row 16*tile+g+8. A warp reads one block
-//   as one contiguous 16*G/2-byte run, each lane its operands in one load.
-// - scales: block (tile, group) is 8 x 4 values of the scale type, [g][scale(row g), bias(row
-//   g), scale(row g+8), bias(row g+8)]: one 8-byte (F32: 16-byte) load per lane.
-// Blocks go tile-major (a tile's groups are consecutive), then expert. Words keep their nibble
-// order, so unpack_word and the prepared activations are unchanged.
-
-// One thread per destination word; blockIdx.y = expert.
-__global__ void q4_pack_data_kernel(const uint32_t* __restrict__ src, int64_t rows, int64_t cols,
-                                    int G, int64_t src_stride, int64_t dst_stride,
-                                    uint32_t* __restrict__ dst) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= dst_stride) return;
-  const int W = G / 32;
-  const int64_t groups = cols / G;
-  const int in_lane = static_cast<int>(i % (2 * W));
-  const int lane = static_cast<int>((i / (2 * W)) % 32);
-  const int64_t block = i / (64 * W), tile = block / groups, grp = block % groups;
-  const int64_t r = tile * 16 + (lane >> 2) + 8 * (in_lane / W);
-  const int64_t word = grp * (G / 8) + (lane & 3) * W + in_lane % W;
-  const int64_t e = blockIdx.y;
-  dst[e * dst_stride + i] = r < rows ? src[e * src_stride + r * (cols / 8) + word] : 0u;
-}
-
-// One thread per destination scale or bias value (T: its 2- or 4-byte storage).
-template <typename T>
-__global__ void q4_pack_scales_kernel(const T* __restrict__ scales, const T* __restrict__ biases,
-                                      int64_t rows, int64_t groups, int64_t src_stride,
-                                      int64_t dst_stride, T* __restrict__ dst) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= dst_stride) return;
-  const int v = static_cast<int>(i & 3), g = static_cast<int>((i >> 2) & 7);
-  const int64_t block = i >> 5, tile = block / groups, grp = block % groups;
-  const int64_t r = tile * 16 + g + 8 * (v >> 1);
-  const int64_t e = blockIdx.y;
-  const T* from = (v & 1) ? biases : scales;
-  dst[e * dst_stride + i] = r < rows ? from[e * src_stride + r * groups + grp] : T(0);
 }
 
 }  // namespace
 
-size_t q4_tile_data_bytes(const Weight& w) {
-  const int64_t mats = w.experts > 0 ? w.experts : 1;
-  return static_cast<size_t>(mats * (w.rows + 15) / 16 * 16 * (w.cols / 2));
-}
-
-size_t q4_tile_scale_bytes(const Weight& w) {
-  const int64_t mats = w.experts > 0 ? w.experts : 1;
-  return static_cast<size_t>(mats * (w.rows + 15) / 16 * 16 * (w.cols / w.group) * 2) *
-         dtype_size(w.scale_dtype);
-}
-
-bool q4_tile_packable(const Weight& w) {
-  return w.bits == 4 && w.packing == 0 && (w.group == 32 || w.group == 64 || w.group == 128) &&
-         w.cols % w.group == 0 && w.data != nullptr && w.scales != nullptr && w.biases != nullptr;
-}
-
-void launch_q4_pack(cudaStream_t st, const Weight& w, void* data, void* scales) {
-  TM_CUDA_REQUIRE(q4_tile_packable(w), "q4 pack: not a 4-bit affine weight in the MLX layout");
-  const int64_t mats = w.experts > 0 ? w.experts : 1;
-  const int64_t padded = (w.rows + 15) / 16 * 16, groups = w.cols / w.group;
-  TM_CUDA_REQUIRE(mats <= 65535, "q4 pack: too many experts");
-  const int64_t words = padded * (w.cols / 8);
-  q4_pack_data_kernel<<<dim3(blocks_for(words, 256), static_cast<unsigned>(mats)), 256, 0, st>>>(
-      static_cast<const uint32_t*>(w.data), w.rows, w.cols, w.group, w.rows * (w.cols / 8), words,
-      static_cast<uint32_t*>(data));
-  TM_CUDA_LAUNCHED();
-  const int64_t vals = padded * groups * 2;
-  const dim3 grid(blocks_for(vals, 256), static_cast<unsigned>(mats));
-  if (dtype_size(w.scale_dtype) == 4) {
-    q4_pack_scales_kernel<<<grid, 256, 0, st>>>(
-        static_cast<const uint32_t*>(w.scales), static_cast<const uint32_t*>(w.biases), w.rows,
-        groups, w.rows * groups, vals, static_cast<uint32_t*>(scales));
-  } else {
-    q4_pack_scales_kernel<<<grid, 256, 0, st>>>(
-        static_cast<const uint16_t*>(w.scales), static_cast<const uint16_t*>(w.biases), w.rows,
-        groups, w.rows * groups, vals, static_cast<uint16_t*>(scales));
-  }
-  TM_CUDA_LAUNCHED();
-}
-
 size_t q4_act_bytes(int64_t rows, int64_t K, int group) {
   const auto al = [](size_t b) { return (b + 255) / 256 * 256; };
   return al(static_cast<size_t>(rows * 2 * K) * 2) +
-         al(static_cast<size_t>(rows * (K / group)) * sizeof(float)) +
+         al(static_cast<size_t>(rows * (K / group)) * 2 * sizeof(float)) +
          al(static_cast<size_t>(rows) * sizeof(float));
 }
 
 Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t rows, int64_t K,
-                        int group, const GemvWorkspace& ws) {
+                        int group, Q4Operands operands, const GemvWorkspace& ws) {
   TM_CUDA_REQUIRE(group == 32 || group == 64 || group == 128, "q4 gemv: group 32, 64 or 128");
   TM_CUDA_REQUIRE(K % group == 0 && rows >= 1, "q4 gemv: columns must be whole groups");
   TM_CUDA_REQUIRE(q4_act_bytes(rows, K, group) <= ws.act_bytes,
@@ -543,9 +403,14 @@ Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t ro
   act.ld = 2 * K;
   base += al(static_cast<size_t>(rows * 2 * K) * 2);
   act.sums = reinterpret_cast<float*>(base);
-  base += al(static_cast<size_t>(rows * (K / group)) * sizeof(float));
+  base += al(static_cast<size_t>(rows * (K / group)) * 2 * sizeof(float));
   act.colscale = reinterpret_cast<float*>(base);
   act.group = group;
+  act.operands = operands;
+  if (operands == Q4Operands::kDigits) {
+    launch_q4d_prepare_kernel(st, x, ldx, rows, K, act);
+    return act;
+  }
   const int64_t parts = std::clamp<int64_t>(K / 8 / kQ4Threads, 1, 16);
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(parts));
   q4_prepare_kernel<<<grid, kQ4Threads, 0, st>>>(x, ldx, K, group, act);
@@ -575,18 +440,22 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
   }
   jobs.first_tile[jobs.count] = tiles_per_slot;
   const int64_t tiles = tiles_per_slot * (ids ? slots : 1);
+  if (act.operands == Q4Operands::kDigits) {
+    launch_q4d_gemv_kernel(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+    return;
+  }
+  TM_CUDA_REQUIRE(ids == nullptr && n > kQ4DigitMaxRows,
+                  "q4 gemv: F16 operands are for 5..64 rows (fewer and MoE slots: digits)");
   // Column blocks of 4 rows.
-  const int cb = ids != nullptr || n <= 4 ? 1 : n <= 8 ? 2 : n <= 16 ? 4 : kQ4WideCB;
+  const int cb = n <= 8 ? 2 : n <= 16 ? 4 : kQ4WideCB;
   auto by_cb = [&](auto group_tag) {
     constexpr int G = decltype(group_tag)::value;
-    if (cb == 1) {
-      launch_group<G, 1>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
-    } else if (cb == 2) {
-      launch_group<G, 2>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+    if (cb == 2) {
+      launch_group<G, 2>(st, jobs, act, n, tiles, ws);
     } else if (cb == 4) {
-      launch_group<G, 4>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      launch_group<G, 4>(st, jobs, act, n, tiles, ws);
     } else {
-      launch_group<G, kQ4WideCB>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      launch_group<G, kQ4WideCB>(st, jobs, act, n, tiles, ws);
     }
   };
   switch (act.group) {

@@ -57,16 +57,16 @@ void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, cons
     gu.m[0] = mg, gu.m[1] = mu;
     gu.out[0] = act, gu.out[1] = upo;
     gu.count = 2;
-    const cuda::Q4Act ax =
-        cuda::launch_q4_prepare(stream_, x, hidden, n, hidden, mg.group, gemv_ws_);
+    const cuda::Q4Act ax = cuda::launch_q4_prepare(stream_, x, hidden, n, hidden, mg.group,
+                                                   cuda::Q4Operands::kDigits, gemv_ws_);
     cuda::launch_q4_gemv(stream_, gu, ax, 1, ids, slots, k, gemv_ws_);
     silu_mul(act, upo, act, slots * inter);
     cuda::GemvJobs dj;
     dj.m[0] = md;
     dj.out[0] = dn;
     dj.count = 1;
-    const cuda::Q4Act aa =
-        cuda::launch_q4_prepare(stream_, act, inter, slots, inter, md.group, gemv_ws_);
+    const cuda::Q4Act aa = cuda::launch_q4_prepare(stream_, act, inter, slots, inter, md.group,
+                                                   cuda::Q4Operands::kDigits, gemv_ws_);
     cuda::launch_q4_gemv(stream_, dj, aa, 1, ids, slots, 1, gemv_ws_);
     cuda::moe_combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(dn, weights, k, hidden,
                                                                             out);

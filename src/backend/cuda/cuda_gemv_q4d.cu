@@ -1,0 +1,341 @@
+// Decode GEMV for MLX 4-bit weights with few activation rows (1..kQ4DigitMaxRows, and one row
+// per slot for MoE experts), on the integer tensor cores: mma.sync m16n8k32 with u8 weights,
+// s8 activation digits and exact s32 accumulation.
+//
+// Why: batch-1 decode reads each weight byte once and does almost nothing with it, so the
+// kernel is bound by instructions per byte, not by the tensor cores. A word of 8 nibbles becomes
+// two u8x4 operands in 3 integer instructions (w & 0x0F0F0F0F holds nibbles 0, 2, 4, 6 and
+// (w >> 4) & 0x0F0F0F0F nibbles 1, 3, 5, 7) where the F16 kernel (cuda_gemv_q4.cu) needs 9 and
+// twice the mmas; its scaling and combining are per group either way. A lab measurement on the
+// H200 (17408x5120, group 64): 36% -> 66% of the read bandwidth.
+//
+// The activations, in 4 signed 8-bit digits per group: each group of G values is scaled by 2^e
+// so its largest magnitude lies in [2^29, 2^30) and rounded to integers q (exact for every value
+// within 2^-24 of the group's largest, i.e. F32 resolution), then q = d0*2^24 + d1*2^16 +
+// d2*2^8 + d3 with balanced digits in [-128, 127] (|d0| <= 64). The mma's 8 columns carry two
+// activation rows' 4 digits; the C fragment gives lane t the digits 2(t&1), 2(t&1)+1 of row t/2
+// of its column block: it accumulates s*2^-e*(256*c0 + c1) per group (plus the affine bias term
+// b*sum(x) on odd lanes), and the lane pair combines at the end with weights 2^16 and 1. Integer
+// sums per group are exact (64 x 15 x 128 < 2^17), so the result is as accurate as an F32 dot
+// product. A scale per group (not per row) makes the preparation one pass with no row-wide
+// reduction: one thread per 8 values, a group's threads in one warp.
+#include <cuda_runtime.h>
+
+#include <cfloat>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemv_q4.cuh"
+
+namespace tokenmill::cuda {
+namespace {
+
+constexpr int kPrepThreads = 256;
+
+// One thread per 8-value word of the [rows, K] activations. Writes the digits as planes
+// [row][digit][K/8] of 8 bytes per word (nibble order 0,2,4,6,1,3,5,7) and per (row, group)
+// {2^-e, sum of the group's values} (NaN, NaN when the group holds a non-finite value).
+__global__ void __launch_bounds__(kPrepThreads)
+    q4d_prepare_kernel(const float* __restrict__ x, int64_t ldx, int64_t rows, int64_t K, int group,
+                       Q4Act act) {
+  // The GEMV that follows starts loading its weights now; it waits for this kernel's
+  // completion before it reads the activations.
+  allow_dependent_launch();
+  const int64_t words = K / 8;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // Whole warps stay in the loop body (shuffles); a group's G/8 threads are aligned lanes.
+  const bool live = i < rows * words;
+  const int64_t c = live ? i / words : 0, j = live ? i % words : 0;
+  float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+  if (live) {
+    const float4* x4 = reinterpret_cast<const float4*>(x + c * ldx);
+    a = x4[2 * j];
+    b = x4[2 * j + 1];
+  }
+  const float v[8] = {a.x, a.z, b.x, b.z, a.y, a.w, b.y, b.w};  // nibbles 0,2,4,6,1,3,5,7
+  float m = 0.0f;
+  bool nan = false;
+#pragma unroll
+  for (int p = 0; p < 8; ++p) {
+    m = fmaxf(m, fabsf(v[p]));
+    nan |= isnan(v[p]);
+  }
+  if (nan) m = INFINITY;  // fmaxf drops NaN
+  const int wpg = group / 8;
+  for (int o = 1; o < wpg; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const bool finite = m <= FLT_MAX;
+  // 2^e puts m in [2^29, 2^30); e <= 126 keeps 2^e and 2^-e normal floats (groups below ~2^-97
+  // lose resolution, as F32 itself does there).
+  int e = 0;
+  if (m > 0.0f && finite) {
+    e = min(29 - (static_cast<int>((__float_as_uint(m) >> 23) & 0xff) - 127), 126);
+  }
+  const float f = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
+  float sum = 0.0f;
+  uint32_t dw[4][2] = {};
+#pragma unroll
+  for (int p = 0; p < 8; ++p) {
+    const float s = finite ? rintf(v[p] * f) : 0.0f;  // |s| < 2^30: exact in int32
+    sum += s;
+    int q = static_cast<int>(s);
+    const int sh = 8 * (p & 3);
+#pragma unroll
+    for (int d = 3; d >= 1; --d) {
+      const int digit = static_cast<int8_t>(q & 0xff);
+      dw[d][p >> 2] |= static_cast<uint32_t>(digit & 0xff) << sh;
+      q = (q - digit) >> 8;
+    }
+    dw[0][p >> 2] |= static_cast<uint32_t>(q & 0xff) << sh;
+  }
+  for (int o = 1; o < wpg; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (!live) return;
+  uint2* planes = reinterpret_cast<uint2*>(act.x) + c * 4 * words;
+#pragma unroll
+  for (int d = 0; d < 4; ++d) planes[d * words + j] = make_uint2(dw[d][0], dw[d][1]);
+  if (j % wpg == 0) {
+    const float back = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+    reinterpret_cast<float2*>(act.sums)[c * (K / group) + j / wpg] =
+        finite ? make_float2(back, sum * back) : make_float2(NAN, NAN);
+  }
+}
+
+__device__ __forceinline__ void imma(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                     uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Groups [k0, k1) of one 16-row tile for CB column blocks of two activation rows. Lane (g, t)
+// holds words [t*W, t*W+W) of rows g and g+8 of each group (the tile layout); word i of the
+// lane feeds one mma with its even nibbles at k = 4t..4t+3 and its odd ones at k = 16+4t.. (the
+// digit planes hold the activations in that order). The lane's B column g is digit g&3 of row
+// g>>2 of the column block.
+template <int G, int CB, int U, int ST>
+struct Q4DigitDot {
+  static constexpr int W = G / 32;
+  static constexpr int kSB = ST == kF32 ? 4 : 2;
+  static constexpr int kBlockBytes = 256 * W;
+  using SVec = Q4ScaleVec<ST>;
+  struct Buf {
+    uint32_t w[U][2 * W];
+    SVec s[U];
+  };
+  const uint8_t *pw, *ps;
+  const uint2* xbase;
+  const float2* sbase;
+  uint32_t xoff[CB];  // this lane's B column (uint2 units)
+  uint32_t soff[CB];  // per-group {2^-e, sum} of this lane's C row (float2 units)
+  bool has_x[CB], has_s[CB];
+  bool odd;
+  int k1;
+
+  __device__ Q4DigitDot(const Q4Tile& q, const Q4Act& act, int end) : k1(end) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    odd = (t & 1) != 0;
+    const DevMat& m = q.m;
+    const int groups = static_cast<int>(m.cols / G);
+    const int64_t words = m.cols / 8;
+    const int64_t first_block = (q.r0 >> 4) * groups;
+    pw = m.data + (first_block * 32 + lane) * (8 * W);
+    ps = m.scales + (first_block * 8 + g) * 4 * kSB;
+    xbase = reinterpret_cast<const uint2*>(act.x);
+    sbase = reinterpret_cast<const float2*>(act.sums);
+#pragma unroll
+    for (int cb = 0; cb < CB; ++cb) {
+      const int xr = 2 * cb + (g >> 2), sr = 2 * cb + (t >> 1);
+      has_x[cb] = xr < q.ncols;
+      has_s[cb] = sr < q.ncols;
+      xoff[cb] =
+          static_cast<uint32_t>(((q.cbase + (has_x[cb] ? xr : 0)) * 4 + (g & 3)) * words + t * W);
+      soff[cb] = static_cast<uint32_t>((q.cbase + (has_s[cb] ? sr : 0)) * groups);
+    }
+  }
+
+  __device__ __forceinline__ void load(Buf& b, int base) const {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int grp = base + u;
+      if (grp < k1) {
+        const uint8_t* p = pw + static_cast<uint32_t>(grp) * kBlockBytes;
+        if constexpr (W == 1) {
+          const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
+          b.w[u][0] = v.x, b.w[u][1] = v.y;
+        } else {
+#pragma unroll
+          for (int i = 0; i < W / 2; ++i) {
+            const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + i);
+            b.w[u][4 * i] = v.x, b.w[u][4 * i + 1] = v.y, b.w[u][4 * i + 2] = v.z,
+                       b.w[u][4 * i + 3] = v.w;
+          }
+        }
+        b.s[u] = __ldcs(reinterpret_cast<const SVec*>(ps + static_cast<uint32_t>(grp) * 32 * kSB));
+      }
+    }
+  }
+
+  __device__ __forceinline__ void compute(const Buf& b, int base, float (&tot)[CB][2]) const {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int grp = base + u;
+      if (grp >= k1) break;
+      uint32_t ev[W][2], od[W][2];  // [word][row g, row g+8]: even and odd nibbles
+#pragma unroll
+      for (int i = 0; i < W; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t w = b.w[u][h * W + i];
+          ev[i][h] = w & 0x0F0F0F0Fu;
+          od[i][h] = (w >> 4) & 0x0F0F0F0Fu;
+        }
+      }
+      float sc[2], bi[2];
+      q4_scales<ST>(b.s[u], sc, bi);
+#pragma unroll
+      for (int cb = 0; cb < CB; ++cb) {
+        int c[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int i = 0; i < W; ++i) {
+          const uint2 x =
+              has_x[cb] ? __ldg(xbase + (xoff[cb] + grp * (G / 8) + i)) : make_uint2(0, 0);
+          imma(c, ev[i][0], ev[i][1], od[i][0], od[i][1], x.x, x.y);
+        }
+        const float2 fx = has_s[cb] ? __ldg(sbase + (soff[cb] + grp)) : make_float2(0.0f, 0.0f);
+        const float X = odd ? fx.y : 0.0f;  // odd lanes add the bias term
+        tot[cb][0] +=
+            (sc[0] * fx.x) * fmaf(256.0f, static_cast<float>(c[0]), static_cast<float>(c[1])) +
+            bi[0] * X;
+        tot[cb][1] +=
+            (sc[1] * fx.x) * fmaf(256.0f, static_cast<float>(c[2]), static_cast<float>(c[3])) +
+            bi[1] * X;
+      }
+    }
+  }
+
+  __device__ __forceinline__ void run(int k0, float (&tot)[CB][2]) const {
+#pragma unroll
+    for (int cb = 0; cb < CB; ++cb) tot[cb][0] = tot[cb][1] = 0.0f;
+    Buf b0, b1;
+    load(b0, k0);
+    wait_for_previous_grid();  // the prepared activations (launch_dependent)
+    for (int base = k0; base < k1; base += 2 * U) {
+      load(b1, base + U);
+      compute(b0, base, tot);
+      load(b0, base + 2 * U);
+      compute(b1, base + U, tot);
+    }
+  }
+};
+
+template <int G, int CB, int U, int ST>
+__global__ void __launch_bounds__(128, CB == 1 ? 6 : 4)
+    q4d_gemv_kernel(GemvJobs jobs, Q4Act act, int n, const int32_t* __restrict__ ids, int64_t x_div,
+                    StreamK sk, int64_t tiles_per_slot) {
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
+  if (w >= sk.warps) return;
+  if (ids != nullptr) wait_for_previous_grid();  // expert ids come from earlier kernels
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t end = sk.lo(w + 1);
+  for (int64_t p = sk.lo(w); p < end;) {
+    const int64_t tile = p / sk.steps, k0 = p - tile * sk.steps;
+    const int64_t k1 = min(sk.steps, end - tile * sk.steps);
+    p = tile * sk.steps + k1;
+    const Q4Tile q = q4_tile(jobs, tile, tiles_per_slot, n, ids, x_div);
+    float tot[CB][2];
+    if (q.bad_expert) {  // the router never produces one; make it visible
+#pragma unroll
+      for (int cb = 0; cb < CB; ++cb) tot[cb][0] = tot[cb][1] = __int_as_float(0x7fc00000);
+    } else {
+      Q4DigitDot<G, CB, U, ST>(q, act, static_cast<int>(k1)).run(static_cast<int>(k0), tot);
+    }
+    if (k0 > 0 || k1 < sk.steps) {
+      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, &tot[0][0], CB * 2)) continue;
+    }
+    // Lane pair (2i, 2i+1) holds digits (0, 1) and (2, 3) of one activation row.
+    const float weight = (t & 1) ? 1.0f : 65536.0f;
+#pragma unroll
+    for (int cb = 0; cb < CB; ++cb) {
+      float v[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        v[h] = tot[cb][h] * weight;
+        v[h] += __shfl_xor_sync(0xffffffffu, v[h], 1);
+      }
+      const int c = 2 * cb + (t >> 1);  // activation row
+      if ((t & 1) || c >= q.ncols) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = q.r0 + g + 8 * h;
+        if (r < q.m.rows) q.out[(ids != nullptr ? 0 : c * q.m.rows) + r] = v[h];
+      }
+    }
+  }
+}
+
+template <int G, int CB, int ST>
+void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
+                  const int32_t* ids, int64_t x_div, int64_t tiles, int64_t tiles_per_slot,
+                  const GemvWorkspace& ws) {
+  // Groups per buffer: up to 16 bytes of weights per lane (fewer registers, more warps: at
+  // group 64 two groups per buffer beat four, 66% against 58% of the bandwidth).
+  constexpr int U = G == 128 ? 1 : 2;
+  const auto kernel = q4d_gemv_kernel<G, CB, U, ST>;
+  const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
+                                  jobs.m[0].cols / G, 32 * CB * 2, ws);
+  launch_dependent(kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), st, jobs,
+                   act, n, ids, x_div, sk, tiles_per_slot);
+}
+
+template <int G, int CB>
+void launch_scales(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
+                   const int32_t* ids, int64_t x_div, int64_t tiles, int64_t tiles_per_slot,
+                   const GemvWorkspace& ws) {
+  switch (jobs.m[0].sdtype) {
+    case kBF16:
+      launch_typed<G, CB, kBF16>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      break;
+    case kF16:
+      launch_typed<G, CB, kF16>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      break;
+    default:
+      launch_typed<G, CB, kF32>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+  }
+}
+
+template <int G>
+void launch_cb(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, const int32_t* ids,
+               int64_t x_div, int64_t tiles, int64_t tiles_per_slot, const GemvWorkspace& ws) {
+  if (ids != nullptr || n <= 2) {
+    launch_scales<G, 1>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+  } else {
+    launch_scales<G, 2>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+  }
+}
+
+}  // namespace
+
+void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, int64_t ldx, int64_t rows,
+                               int64_t K, const Q4Act& act) {
+  q4d_prepare_kernel<<<blocks_for(rows * (K / 8), kPrepThreads), kPrepThreads, 0, st>>>(
+      x, ldx, rows, K, act.group, act);
+  TM_CUDA_LAUNCHED();
+}
+
+void launch_q4d_gemv_kernel(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
+                            const int32_t* ids, int64_t x_div, int64_t tiles,
+                            int64_t tiles_per_slot, const GemvWorkspace& ws) {
+  TM_CUDA_REQUIRE(ids != nullptr || n <= kQ4DigitMaxRows, "q4 gemv: 1..4 rows in digits");
+  switch (act.group) {
+    case 32:
+      launch_cb<32>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      break;
+    case 64:
+      launch_cb<64>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      break;
+    default:
+      launch_cb<128>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+  }
+}
+
+}  // namespace tokenmill::cuda
