@@ -12,10 +12,12 @@ constexpr double kTol = 1e-5;
 
 class CudaOps : public CudaVsCpu {};
 
+// Widths of the vectorized row kernels (dim % 4 == 0, up to 16384: 5120 is the 27B model's)
+// and of the scalar fallback (17, 16388).
 TEST_F(CudaOps, Norms) {
   Rng rng(11);
-  for (int dim : {16, 128, 1000}) {
-    const int64_t rows = 37;
+  for (int dim : {16, 17, 128, 1000, 5120, 16388}) {
+    const int64_t rows = dim > 5000 ? 3 : 37;
     const size_t n = static_cast<size_t>(rows * dim);
     std::vector<float> x = rng.normals(n, 2.0f), z = rng.normals(n), w = rng.normals(dim);
     const std::string d = " dim=" + std::to_string(dim);
@@ -29,6 +31,16 @@ TEST_F(CudaOps, Norms) {
       float* dx = up(x);
       gpu->rmsnorm(dx, up(w), dx, rows, dim, 1e-6f);
       expect_close(down(dx, n), want, kTol, "rmsnorm in place" + d);
+    }
+    {
+      std::vector<float> sum = x, want(n);
+      for (size_t i = 0; i < n; ++i) sum[i] += z[i];
+      cpu->rmsnorm(sum.data(), w.data(), want.data(), rows, dim, 1e-6f);
+      float* dx = up(x);
+      float* o = poisoned(n);
+      gpu->add_rmsnorm(dx, up(z), up(w), o, rows, dim, 1e-6f);
+      expect_close(down(dx, n), sum, kTol, "add_rmsnorm residual" + d);
+      expect_close(down(o, n), want, kTol, "add_rmsnorm" + d);
     }
     {
       std::vector<float> want(n);
