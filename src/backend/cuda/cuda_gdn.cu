@@ -10,6 +10,8 @@
 // form.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_common.cuh"
 
@@ -110,7 +112,9 @@ constexpr int kPartsMaxThreads = 512;  // Dv <= 128
 __global__ void __launch_bounds__(kPartsMaxThreads) delta_rule_parts_kernel(DeltaArgs A) {
   extern __shared__ float sh[];  // q_t [Dk], k_t [Dk]
   const int s = blockIdx.x, h = blockIdx.y;
-  const int d = threadIdx.x / kParts, part = threadIdx.x % kParts;
+  // Block z holds columns [z * blockDim.x / kParts, ...) of head h.
+  const int d = blockIdx.z * (blockDim.x / kParts) + threadIdx.x / kParts;
+  const int part = threadIdx.x % kParts;
   const int Hv = A.st.v_heads, Hk = A.st.k_heads, Dk = A.st.k_dim, Dv = A.st.v_dim;
   const int kh = h / (Hv / Hk);
   const int64_t state_size = static_cast<int64_t>(Dk) * Dv;
@@ -204,8 +208,12 @@ void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs
   const int threads = (st.v_dim + 31) / 32 * 32;
   const size_t smem = static_cast<size_t>(2 * st.k_dim) * sizeof(float);
   if (st.k_dim <= cuda::kRegDk && st.v_dim * cuda::kParts <= cuda::kPartsMaxThreads) {
-    const int pthreads = (st.v_dim * cuda::kParts + 31) / 32 * 32;
-    cuda::delta_rule_parts_kernel<<<grid, pthreads, smem, stream_>>>(a);
+    // Columns are independent: a head's columns spread over blocks of 128 threads (32 columns),
+    // so a decode step's 48 heads fill 192 multiprocessor slots instead of 48.
+    const int pthreads = std::min((st.v_dim * cuda::kParts + 31) / 32 * 32, 128);
+    const int col_blocks = (st.v_dim * cuda::kParts + pthreads - 1) / pthreads;
+    const dim3 pgrid(grid.x, grid.y, static_cast<unsigned>(col_blocks));
+    cuda::delta_rule_parts_kernel<<<pgrid, pthreads, smem, stream_>>>(a);
   } else {
     cuda::delta_rule_kernel<<<grid, threads, smem, stream_>>>(a);
   }
