@@ -220,32 +220,48 @@ __global__ void rope_kernel(float* x, const int32_t* __restrict__ positions, int
   }
 }
 
-// One block per row, thread 0 does the selection in the CPU's order (highest probability
-// first, lower index on ties); p [experts] in dynamic shared memory.
+// One warp per row: lane i holds experts i, i+32, ... (probabilities in shared memory). Same
+// rule as the CPU: softmax over all experts, then k passes taking the highest probability, the
+// lower index on ties. (A single thread did this serially: about 20k dependent instructions,
+// tens of microseconds per MoE layer at 256 experts.)
 __global__ void topk_softmax_kernel(const float* __restrict__ logits, int experts, int k,
                                     bool renormalize, int32_t* __restrict__ ids,
                                     float* __restrict__ weights) {
   extern __shared__ float p[];
   const int64_t r = blockIdx.x;
+  const int lane = threadIdx.x;
   const float* l = logits + r * experts;
-  if (threadIdx.x != 0) return;
-  float m = l[0];
-  for (int x = 1; x < experts; ++x) m = fmaxf(m, l[x]);
+  float m = -INFINITY;
+  for (int x = lane; x < experts; x += 32) m = fmaxf(m, l[x]);
+  m = warp_max(m);
   float sum = 0.0f;
-  for (int x = 0; x < experts; ++x) sum += (p[x] = expf(l[x] - m));
-  for (int x = 0; x < experts; ++x) p[x] /= sum;
+  for (int x = lane; x < experts; x += 32) sum += (p[x] = expf(l[x] - m));
+  sum = warp_sum(sum);
+  for (int x = lane; x < experts; x += 32) p[x] /= sum;
+  __syncwarp();
   float picked = 0.0f;
   for (int j = 0; j < k; ++j) {
-    int best = -1;
-    for (int x = 0; x < experts; ++x) {
-      if (p[x] >= 0.0f && (best < 0 || p[x] > p[best])) best = x;
+    // This lane's best candidate, then the warp's (value, index) maximum.
+    float bv = -1.0f;
+    int bx = -1;
+    for (int x = lane; x < experts; x += 32) {
+      if (p[x] >= 0.0f && (bx < 0 || p[x] > bv)) bv = p[x], bx = x;
     }
-    ids[r * k + j] = best;
-    weights[r * k + j] = p[best];
-    picked += p[best];
-    p[best] = -1.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int ox = __shfl_xor_sync(0xffffffffu, bx, o);
+      if (ox >= 0 && (bx < 0 || ov > bv || (ov == bv && ox < bx))) bv = ov, bx = ox;
+    }
+    if (lane == 0) {
+      ids[r * k + j] = bx;
+      weights[r * k + j] = bx >= 0 ? bv : NAN;
+    }
+    picked += bv;
+    if (bx >= 0 && bx % 32 == lane) p[bx] = -1.0f;  // taken
+    __syncwarp();
   }
-  if (renormalize) {
+  if (renormalize && lane == 0) {
     for (int j = 0; j < k; ++j) weights[r * k + j] /= picked;
   }
 }

@@ -6,6 +6,8 @@
 // prepared activations fit its workspace.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemv.h"
@@ -16,7 +18,10 @@ namespace {
 __global__ void moe_combine_kernel(const float* __restrict__ down, const float* __restrict__ w,
                                    int k, int64_t hidden, float* __restrict__ out) {
   const int64_t t = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+  // Columns spread over blockIdx.y too: one token's row is a few KB, one block alone waited
+  // k dependent-free but serialized loads per column step.
+  for (int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; c < hidden;
+       c += static_cast<int64_t>(gridDim.y) * blockDim.x) {
     float acc = 0.0f;
     for (int j = 0; j < k; ++j) acc += w[t * k + j] * down[(t * k + j) * hidden + c];
     out[t * hidden + c] = acc;
@@ -27,6 +32,18 @@ __global__ void moe_combine_kernel(const float* __restrict__ down, const float* 
 }  // namespace tokenmill::cuda
 
 namespace tokenmill {
+
+namespace {
+
+void combine(const float* dn, const float* weights, int64_t n, int k, int64_t hidden, float* out,
+             cudaStream_t st) {
+  const dim3 grid(static_cast<unsigned>(n),
+                  static_cast<unsigned>(std::min<int64_t>((hidden + 255) / 256, 65535)));
+  cuda::moe_combine_kernel<<<grid, 256, 0, st>>>(dn, weights, k, hidden, out);
+  TM_CUDA_LAUNCHED();
+}
+
+}  // namespace
 
 void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
                       const Weight& gate, const Weight& up, const Weight& down, float* out,
@@ -68,9 +85,7 @@ void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, cons
     const cuda::Q4Act aa = cuda::launch_q4_prepare(stream_, act, inter, slots, inter, md.group,
                                                    cuda::Q4Operands::kDigits, gemv_ws_);
     cuda::launch_q4_gemv(stream_, dj, aa, 1, ids, slots, 1, gemv_ws_);
-    cuda::moe_combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(dn, weights, k, hidden,
-                                                                            out);
-    TM_CUDA_LAUNCHED();
+    combine(dn, weights, n, k, hidden, out, stream_);
     return;
   }
   // Slots are launched in chunks of whole tokens (grid.y <= 65535).
@@ -88,9 +103,7 @@ void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, cons
     cuda::launch_gemv_indexed(stream_, md, ids + s0, cnt, act + s0 * inter, inter, 1,
                               dn + s0 * hidden, hidden);
   }
-  cuda::moe_combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream_>>>(dn, weights, k, hidden,
-                                                                          out);
-  TM_CUDA_LAUNCHED();
+  combine(dn, weights, n, k, hidden, out, stream_);
 }
 
 }  // namespace tokenmill
