@@ -26,6 +26,7 @@ __device__ __forceinline__ int64_t cache_pos(const int32_t* tables, int max_bloc
 
 __global__ void kv_append_kernel(KVLayerView kv, KVPaging pg, SeqLayout seqs,
                                  const float* __restrict__ k, const float* __restrict__ v) {
+  pdl_begin();
   const int t = blockIdx.x;
   const int s = seq_of(seqs.cu_seqlens, seqs.n_seqs, t);
   if (s < 0) return;
@@ -42,6 +43,7 @@ __global__ void kv_append_kernel(KVLayerView kv, KVPaging pg, SeqLayout seqs,
 __global__ void __launch_bounds__(kAttnWarps * 32)
     attention_kernel(KVLayerView kv, KVPaging pg, SeqLayout seqs, const float* __restrict__ q,
                      int heads, float scale, float* __restrict__ out) {
+  pdl_begin();
   __shared__ float s_m[kAttnWarps], s_l[kAttnWarps];
   __shared__ float s_acc[kAttnWarps][kMaxDPerLane * 32];
   const int t = blockIdx.x, h = blockIdx.y;
@@ -140,6 +142,7 @@ struct SplitArgs {
 
 template <int R>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitArgs a) {
+  pdl_begin();
   constexpr int kDimsPerLane = 8;  // D <= 256: lane owns dims lane*4 + 128*i, i < D/128
   __shared__ __align__(16) float qs[R][256];
   __shared__ float ps[kAttnWarps][R][32];
@@ -269,6 +272,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitA
 // out[t, h, :] = sum over splits of acc * exp(m - M) / sum of l * exp(m - M).
 __global__ void attention_combine_kernel(const float* __restrict__ ws, int splits, int D,
                                          float* __restrict__ out) {
+  pdl_begin();
   const int64_t th = blockIdx.x;  // t * heads + h
   const float* base = ws + th * splits * (D + 2);
   float mt = -INFINITY;
@@ -317,8 +321,8 @@ size_t CudaBackend::attention_workspace_floats(int n_tokens, int heads, int head
 void CudaBackend::kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                             const float* k, const float* v) {
   if (seqs.n_tokens <= 0) return;
-  cuda::kv_append_kernel<<<static_cast<unsigned>(seqs.n_tokens), 128, 0, stream_>>>(kv, paging,
-                                                                                    seqs, k, v);
+  cuda::launch_pdl(cuda::kv_append_kernel, static_cast<unsigned>(seqs.n_tokens), 128, 0, stream_,
+                   kv, paging, seqs, k, v);
   TM_CUDA_LAUNCHED();
 }
 
@@ -343,40 +347,39 @@ void CudaBackend::attention(const KVLayerView& kv, const KVPaging& paging, const
     const int threads = cuda::kAttnWarps * 32;
     switch (r) {
       case 1:
-        cuda::attention_split_kernel<1><<<grid, threads, 0, stream_>>>(a);
+        cuda::launch_pdl(cuda::attention_split_kernel<1>, grid, threads, 0, stream_, a);
         break;
       case 2:
-        cuda::attention_split_kernel<2><<<grid, threads, 0, stream_>>>(a);
+        cuda::launch_pdl(cuda::attention_split_kernel<2>, grid, threads, 0, stream_, a);
         break;
       case 3:
-        cuda::attention_split_kernel<3><<<grid, threads, 0, stream_>>>(a);
+        cuda::launch_pdl(cuda::attention_split_kernel<3>, grid, threads, 0, stream_, a);
         break;
       case 4:
-        cuda::attention_split_kernel<4><<<grid, threads, 0, stream_>>>(a);
+        cuda::launch_pdl(cuda::attention_split_kernel<4>, grid, threads, 0, stream_, a);
         break;
       case 5:
-        cuda::attention_split_kernel<5><<<grid, threads, 0, stream_>>>(a);
+        cuda::launch_pdl(cuda::attention_split_kernel<5>, grid, threads, 0, stream_, a);
         break;
       case 6:
-        cuda::attention_split_kernel<6><<<grid, threads, 0, stream_>>>(a);
+        cuda::launch_pdl(cuda::attention_split_kernel<6>, grid, threads, 0, stream_, a);
         break;
       case 7:
-        cuda::attention_split_kernel<7><<<grid, threads, 0, stream_>>>(a);
+        cuda::launch_pdl(cuda::attention_split_kernel<7>, grid, threads, 0, stream_, a);
         break;
       default:
-        cuda::attention_split_kernel<8><<<grid, threads, 0, stream_>>>(a);
+        cuda::launch_pdl(cuda::attention_split_kernel<8>, grid, threads, 0, stream_, a);
         break;
     }
     TM_CUDA_LAUNCHED();
-    cuda::
-        attention_combine_kernel<<<static_cast<unsigned>(seqs.n_tokens * heads), 128, 0, stream_>>>(
-            attn_ws_, a.splits, kv.head_dim, out);
+    cuda::launch_pdl(cuda::attention_combine_kernel, static_cast<unsigned>(seqs.n_tokens * heads),
+                     128, 0, stream_, attn_ws_, a.splits, kv.head_dim, out);
     TM_CUDA_LAUNCHED();
     return;
   }
   const dim3 grid(static_cast<unsigned>(seqs.n_tokens), static_cast<unsigned>(heads));
-  cuda::attention_kernel<<<grid, cuda::kAttnWarps * 32, 0, stream_>>>(kv, paging, seqs, q, heads,
-                                                                      scale, out);
+  cuda::launch_pdl(cuda::attention_kernel, grid, cuda::kAttnWarps * 32, 0, stream_, kv, paging,
+                   seqs, q, heads, scale, out);
   TM_CUDA_LAUNCHED();
 }
 

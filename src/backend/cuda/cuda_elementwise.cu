@@ -21,6 +21,7 @@ int row_threads(int dim) {
 
 __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, float* out, int dim,
                                float eps) {
+  pdl_begin();
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
   const float* xr = x + r * dim;
@@ -35,6 +36,7 @@ __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, floa
 __global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ y,
                                    const float* __restrict__ w, float* __restrict__ out, int dim,
                                    float eps) {
+  pdl_begin();
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
   float* xr = x + r * dim;
@@ -72,6 +74,7 @@ __device__ __forceinline__ float4 scaled(float4 v, float f, float4 w) {
 
 __global__ void rmsnorm_vec_kernel(const float* x, const float* __restrict__ w, float* out, int dim,
                                    float eps) {
+  pdl_begin();
   __shared__ float red[32];
   const int n4 = dim / 4;
   const int64_t r = blockIdx.x;
@@ -99,6 +102,7 @@ __global__ void rmsnorm_vec_kernel(const float* x, const float* __restrict__ w, 
 __global__ void add_rmsnorm_vec_kernel(float* __restrict__ x, const float* __restrict__ y,
                                        const float* __restrict__ w, float* __restrict__ out,
                                        int dim, float eps) {
+  pdl_begin();
   __shared__ float red[32];
   const int n4 = dim / 4;
   const int64_t r = blockIdx.x;
@@ -128,6 +132,7 @@ __global__ void add_rmsnorm_vec_kernel(float* __restrict__ x, const float* __res
 
 __global__ void rmsnorm_gated_kernel(const float* __restrict__ o, const float* __restrict__ z,
                                      const float* __restrict__ w, float* out, int dim, float eps) {
+  pdl_begin();
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
   const float* orow = o + r * dim;
@@ -140,6 +145,7 @@ __global__ void rmsnorm_gated_kernel(const float* __restrict__ o, const float* _
 }
 
 __global__ void l2norm_kernel(float* x, int dim, float eps, float scale) {
+  pdl_begin();
   __shared__ float red[32];
   float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
   float ss = 0.0f;
@@ -151,6 +157,7 @@ __global__ void l2norm_kernel(float* x, int dim, float eps, float scale) {
 __global__ void copy_rows_kernel(const float* __restrict__ src, int64_t src_stride,
                                  float* __restrict__ dst, int64_t dst_stride, int64_t rows,
                                  int64_t cols) {
+  pdl_begin();
   const int64_t total = rows * cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -161,6 +168,7 @@ __global__ void copy_rows_kernel(const float* __restrict__ src, int64_t src_stri
 
 __global__ void gather_rows_kernel(const float* __restrict__ x, int dim,
                                    const int32_t* __restrict__ rows, float* __restrict__ out) {
+  pdl_begin();
   const int64_t i = blockIdx.x;
   const float* src = x + static_cast<int64_t>(rows[i]) * dim;
   for (int j = threadIdx.x; j < dim; j += blockDim.x) out[i * dim + j] = src[j];
@@ -169,6 +177,7 @@ __global__ void gather_rows_kernel(const float* __restrict__ x, int dim,
 // op 0: x += y; 1: out = silu(x) * y; 2: x *= sigmoid(y).
 template <int OP>
 __global__ void binary_kernel(float* x, const float* y, float* out, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if (OP == 0) x[i] += y[i];
@@ -178,6 +187,7 @@ __global__ void binary_kernel(float* x, const float* y, float* out, int64_t n) {
 }
 
 __global__ void scale_rows_sigmoid_kernel(float* x, const float* __restrict__ gate, int dim) {
+  pdl_begin();
   const int64_t r = blockIdx.x;
   const float s = sigmoid_f(gate[r]);
   for (int j = threadIdx.x; j < dim; j += blockDim.x) x[r * dim + j] *= s;
@@ -187,6 +197,7 @@ __global__ void gdn_gates_kernel(const float* __restrict__ a, const float* __res
                                  const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                                  float* __restrict__ g, float* __restrict__ beta, int64_t total,
                                  int heads) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int h = static_cast<int>(i % heads);
@@ -206,6 +217,7 @@ struct RopeFreqs {
 
 __global__ void rope_kernel(float* x, const int32_t* __restrict__ positions, int heads,
                             int head_dim, int64_t token_stride, int half, RopeFreqs f) {
+  pdl_begin();
   const int64_t t = blockIdx.x;
   const float pos = static_cast<float>(positions[t]);
   for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
@@ -227,6 +239,7 @@ __global__ void rope_kernel(float* x, const int32_t* __restrict__ positions, int
 __global__ void topk_softmax_kernel(const float* __restrict__ logits, int experts, int k,
                                     bool renormalize, int32_t* __restrict__ ids,
                                     float* __restrict__ weights) {
+  pdl_begin();
   extern __shared__ float p[];
   const int64_t r = blockIdx.x;
   const int lane = threadIdx.x;
@@ -282,12 +295,11 @@ void CudaBackend::rmsnorm(const float* x, const float* w, float* out, int64_t ro
                           float eps) {
   if (rows <= 0) return;
   if (cuda::vec_row_ok(dim, x, w, out, out)) {
-    cuda::
-        rmsnorm_vec_kernel<<<static_cast<unsigned>(rows), cuda::vec_row_threads(dim), 0, stream_>>>(
-            x, w, out, dim, eps);
+    cuda::launch_pdl(cuda::rmsnorm_vec_kernel, static_cast<unsigned>(rows),
+                     cuda::vec_row_threads(dim), 0, stream_, x, w, out, dim, eps);
   } else {
-    cuda::rmsnorm_kernel<<<static_cast<unsigned>(rows), cuda::row_threads(dim), 0, stream_>>>(
-        x, w, out, dim, eps);
+    cuda::launch_pdl(cuda::rmsnorm_kernel, static_cast<unsigned>(rows), cuda::row_threads(dim), 0,
+                     stream_, x, w, out, dim, eps);
   }
   TM_CUDA_LAUNCHED();
 }
@@ -296,11 +308,11 @@ void CudaBackend::add_rmsnorm(float* x, const float* y, const float* w, float* o
                               int dim, float eps) {
   if (rows <= 0) return;
   if (cuda::vec_row_ok(dim, x, y, w, out)) {
-    cuda::add_rmsnorm_vec_kernel<<<static_cast<unsigned>(rows), cuda::vec_row_threads(dim), 0,
-                                   stream_>>>(x, y, w, out, dim, eps);
+    cuda::launch_pdl(cuda::add_rmsnorm_vec_kernel, static_cast<unsigned>(rows),
+                     cuda::vec_row_threads(dim), 0, stream_, x, y, w, out, dim, eps);
   } else {
-    cuda::add_rmsnorm_kernel<<<static_cast<unsigned>(rows), cuda::row_threads(dim), 0, stream_>>>(
-        x, y, w, out, dim, eps);
+    cuda::launch_pdl(cuda::add_rmsnorm_kernel, static_cast<unsigned>(rows), cuda::row_threads(dim),
+                     0, stream_, x, y, w, out, dim, eps);
   }
   TM_CUDA_LAUNCHED();
 }
@@ -308,56 +320,58 @@ void CudaBackend::add_rmsnorm(float* x, const float* y, const float* w, float* o
 void CudaBackend::rmsnorm_gated(const float* o, const float* z, const float* w, float* out,
                                 int64_t rows, int dim, float eps) {
   if (rows <= 0) return;
-  cuda::rmsnorm_gated_kernel<<<static_cast<unsigned>(rows), cuda::row_threads(dim), 0, stream_>>>(
-      o, z, w, out, dim, eps);
+  cuda::launch_pdl(cuda::rmsnorm_gated_kernel, static_cast<unsigned>(rows), cuda::row_threads(dim),
+                   0, stream_, o, z, w, out, dim, eps);
   TM_CUDA_LAUNCHED();
 }
 
 void CudaBackend::l2norm(float* x, int64_t rows, int dim, float eps, float scale) {
   if (rows <= 0) return;
-  cuda::l2norm_kernel<<<static_cast<unsigned>(rows), cuda::row_threads(dim), 0, stream_>>>(
-      x, dim, eps, scale);
+  cuda::launch_pdl(cuda::l2norm_kernel, static_cast<unsigned>(rows), cuda::row_threads(dim), 0,
+                   stream_, x, dim, eps, scale);
   TM_CUDA_LAUNCHED();
 }
 
 void CudaBackend::copy_rows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
                             int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return;
-  cuda::copy_rows_kernel<<<cuda::grid_1d(rows * cols), cuda::kThreads, 0, stream_>>>(
-      src, src_stride, dst, dst_stride, rows, cols);
+  cuda::launch_pdl(cuda::copy_rows_kernel, cuda::grid_1d(rows * cols), cuda::kThreads, 0, stream_,
+                   src, src_stride, dst, dst_stride, rows, cols);
   TM_CUDA_LAUNCHED();
 }
 
 void CudaBackend::gather_rows(const float* x, int dim, const int32_t* rows, int n, float* out) {
   if (n <= 0) return;
-  cuda::gather_rows_kernel<<<static_cast<unsigned>(n), cuda::row_threads(dim), 0, stream_>>>(
-      x, dim, rows, out);
+  cuda::launch_pdl(cuda::gather_rows_kernel, static_cast<unsigned>(n), cuda::row_threads(dim), 0,
+                   stream_, x, dim, rows, out);
   TM_CUDA_LAUNCHED();
 }
 
 void CudaBackend::add(float* x, const float* y, int64_t n) {
   if (n <= 0) return;
-  cuda::binary_kernel<0><<<cuda::grid_1d(n), cuda::kThreads, 0, stream_>>>(x, y, nullptr, n);
+  cuda::launch_pdl(cuda::binary_kernel<0>, cuda::grid_1d(n), cuda::kThreads, 0, stream_, x, y,
+                   nullptr, n);
   TM_CUDA_LAUNCHED();
 }
 
 void CudaBackend::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   if (n <= 0) return;
-  cuda::binary_kernel<1>
-      <<<cuda::grid_1d(n), cuda::kThreads, 0, stream_>>>(const_cast<float*>(gate), up, out, n);
+  cuda::launch_pdl(cuda::binary_kernel<1>, cuda::grid_1d(n), cuda::kThreads, 0, stream_,
+                   const_cast<float*>(gate), up, out, n);
   TM_CUDA_LAUNCHED();
 }
 
 void CudaBackend::sigmoid_mul(float* x, const float* gate, int64_t n) {
   if (n <= 0) return;
-  cuda::binary_kernel<2><<<cuda::grid_1d(n), cuda::kThreads, 0, stream_>>>(x, gate, nullptr, n);
+  cuda::launch_pdl(cuda::binary_kernel<2>, cuda::grid_1d(n), cuda::kThreads, 0, stream_, x, gate,
+                   nullptr, n);
   TM_CUDA_LAUNCHED();
 }
 
 void CudaBackend::scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) {
   if (rows <= 0) return;
-  cuda::scale_rows_sigmoid_kernel<<<static_cast<unsigned>(rows), cuda::row_threads(dim), 0,
-                                    stream_>>>(x, gate, dim);
+  cuda::launch_pdl(cuda::scale_rows_sigmoid_kernel, static_cast<unsigned>(rows),
+                   cuda::row_threads(dim), 0, stream_, x, gate, dim);
   TM_CUDA_LAUNCHED();
 }
 
@@ -365,8 +379,8 @@ void CudaBackend::gdn_gates(const float* a, const float* b, const float* a_log,
                             const float* dt_bias, float* g, float* beta, int64_t n, int heads) {
   if (n <= 0) return;
   const int64_t total = n * heads;
-  cuda::gdn_gates_kernel<<<cuda::grid_1d(total), cuda::kThreads, 0, stream_>>>(
-      a, b, a_log, dt_bias, g, beta, total, heads);
+  cuda::launch_pdl(cuda::gdn_gates_kernel, cuda::grid_1d(total), cuda::kThreads, 0, stream_, a, b,
+                   a_log, dt_bias, g, beta, total, heads);
   TM_CUDA_LAUNCHED();
 }
 
@@ -381,8 +395,8 @@ void CudaBackend::rope(float* x, const int32_t* positions, int n_tokens, int hea
     f.inv[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(rot_dim));
   }
   const int threads = heads * half >= 256 ? 256 : 64;
-  cuda::rope_kernel<<<static_cast<unsigned>(n_tokens), threads, 0, stream_>>>(
-      x, positions, heads, head_dim, token_stride, half, f);
+  cuda::launch_pdl(cuda::rope_kernel, static_cast<unsigned>(n_tokens), threads, 0, stream_, x,
+                   positions, heads, head_dim, token_stride, half, f);
   TM_CUDA_LAUNCHED();
 }
 
@@ -391,9 +405,9 @@ void CudaBackend::topk_softmax(const float* logits, int64_t n, int experts, int 
   TM_CUDA_REQUIRE(k >= 1 && k <= experts && experts <= 8192,
                   "topk_softmax: need 1 <= k <= experts <= 8192");
   if (n <= 0) return;
-  cuda::topk_softmax_kernel<<<static_cast<unsigned>(n), 32,
-                              static_cast<size_t>(experts) * sizeof(float), stream_>>>(
-      logits, experts, k, renormalize, ids, weights);
+  cuda::launch_pdl(cuda::topk_softmax_kernel, static_cast<unsigned>(n), 32,
+                   static_cast<size_t>(experts) * sizeof(float), stream_, logits, experts, k,
+                   renormalize, ids, weights);
   TM_CUDA_LAUNCHED();
 }
 

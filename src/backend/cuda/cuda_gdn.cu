@@ -24,6 +24,7 @@ constexpr int kRegDk = 128;
 __global__ void conv1d_silu_kernel(GDNStateView st, SeqLayout seqs, const int32_t* slots,
                                    const float* __restrict__ x, const float* __restrict__ weight,
                                    float* __restrict__ out) {
+  pdl_begin();
   const int64_t C = st.channels;
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int s = blockIdx.y;
@@ -59,6 +60,7 @@ struct DeltaArgs {
 // Any size: block per (sequence, value head); thread d < Dv owns state column d, read and
 // written in place in the state memory.
 __global__ void delta_rule_kernel(DeltaArgs A) {
+  pdl_begin();
   extern __shared__ float sh[];  // q_t [Dk], k_t [Dk]
   const int s = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   const int Hv = A.st.v_heads, Hk = A.st.k_heads, Dk = A.st.k_dim, Dv = A.st.v_dim;
@@ -110,6 +112,7 @@ constexpr int kRowsPerPart = kRegDk / kParts;
 constexpr int kPartsMaxThreads = 512;  // Dv <= 128
 
 __global__ void __launch_bounds__(kPartsMaxThreads) delta_rule_parts_kernel(DeltaArgs A) {
+  pdl_begin();
   extern __shared__ float sh[];  // q_t [Dk], k_t [Dk]
   const int s = blockIdx.x, h = blockIdx.y;
   // Block z holds columns [z * blockDim.x / kParts, ...) of head h.
@@ -189,7 +192,8 @@ void CudaBackend::conv1d_silu(const GDNStateView& st, const SeqLayout& seqs, con
   TM_CUDA_REQUIRE(seqs.n_seqs <= 65535, "conv1d_silu: too many sequences");
   if (seqs.n_seqs <= 0 || st.channels <= 0) return;
   const dim3 grid(cuda::blocks_for(st.channels, 128), static_cast<unsigned>(seqs.n_seqs));
-  cuda::conv1d_silu_kernel<<<grid, 128, 0, stream_>>>(st, seqs, slots, x, weight, out);
+  cuda::launch_pdl(cuda::conv1d_silu_kernel, grid, 128, 0, stream_, st, seqs, slots, x, weight,
+                   out);
   TM_CUDA_LAUNCHED();
 }
 
@@ -213,9 +217,9 @@ void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs
     const int pthreads = std::min((st.v_dim * cuda::kParts + 31) / 32 * 32, 128);
     const int col_blocks = (st.v_dim * cuda::kParts + pthreads - 1) / pthreads;
     const dim3 pgrid(grid.x, grid.y, static_cast<unsigned>(col_blocks));
-    cuda::delta_rule_parts_kernel<<<pgrid, pthreads, smem, stream_>>>(a);
+    cuda::launch_pdl(cuda::delta_rule_parts_kernel, pgrid, pthreads, smem, stream_, a);
   } else {
-    cuda::delta_rule_kernel<<<grid, threads, smem, stream_>>>(a);
+    cuda::launch_pdl(cuda::delta_rule_kernel, grid, threads, smem, stream_, a);
   }
   TM_CUDA_LAUNCHED();
 }

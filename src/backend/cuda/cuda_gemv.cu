@@ -142,6 +142,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, N == 1   ? 6
                                                        : N <= 4 ? 4
                                                                 : 3)
     gemv_fast_kernel(GemvJobs jobs, const float* __restrict__ x, int64_t ldx, int n, StreamK sk) {
+  pdl_begin();
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
   const int lane = threadIdx.x & 31;
@@ -184,8 +185,8 @@ void launch_n(cudaStream_t st, const GemvJobs& jobs, int64_t tiles, const float*
   const int64_t steps = (jobs.m[0].row_bytes / 16 + 63) / 64;
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), kWarpsPerBlock * 32, tiles,
                                   steps, 64, ws);
-  kernel<<<static_cast<unsigned>((sk.warps + kWarpsPerBlock - 1) / kWarpsPerBlock),
-           kWarpsPerBlock * 32, 0, st>>>(jobs, x, ldx, n, sk);
+  launch_pdl(kernel, dim3(static_cast<unsigned>((sk.warps + kWarpsPerBlock - 1) / kWarpsPerBlock)),
+             dim3(kWarpsPerBlock * 32), 0, st, jobs, x, ldx, n, sk);
 }
 
 template <class C>

@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kQ4Threads)
     q4_prepare_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, int group, Q4Act act) {
   // The GEMV that follows starts loading its weights now; it waits for this kernel's
   // completion before it reads the activations.
-  allow_dependent_launch();
+  pdl_begin();
   __shared__ float red[32];
   const int64_t c = blockIdx.x;
   const float* xr = x + c * ldx;
@@ -308,7 +308,8 @@ struct Q4TileDot {
     for (int cb = 0; cb < CB; ++cb) tot[cb][0] = tot[cb][1] = 0.0f;
     Buf b0, b1;
     load(b0, k0);
-    wait_for_previous_grid();  // the prepared activations (launch_dependent)
+    wait_for_previous_grid();  // the prepared activations (launch_pdl)
+    allow_dependent_launch();
     for (int base = k0; base < k1; base += 2 * U) {
       load(b1, base + U);
       compute(b0, base, tot);
@@ -360,8 +361,8 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
                                   jobs.m[0].cols / G, 32 * CB * 2, ws);
   // Dependent launch: the warps start streaming weights while the preparation kernel runs.
-  launch_dependent(kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), st, jobs,
-                   act, n, sk);
+  launch_pdl(kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), 0, st, jobs, act,
+             n, sk);
 }
 
 template <int G, int CB>
@@ -413,7 +414,7 @@ Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t ro
   }
   const int64_t parts = std::clamp<int64_t>(K / 8 / kQ4Threads, 1, 16);
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(parts));
-  q4_prepare_kernel<<<grid, kQ4Threads, 0, st>>>(x, ldx, K, group, act);
+  launch_pdl(q4_prepare_kernel, grid, dim3(kQ4Threads), 0, st, x, ldx, K, group, act);
   TM_CUDA_LAUNCHED();
   return act;
 }

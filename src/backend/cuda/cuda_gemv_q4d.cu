@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kPrepThreads)
                        Q4Act act) {
   // The GEMV that follows starts loading its weights now; it waits for this kernel's
   // completion before it reads the activations.
-  allow_dependent_launch();
+  pdl_begin();
   const int64_t words = K / 8;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   // Whole warps stay in the loop body (shuffles); a group's G/8 threads are aligned lanes.
@@ -218,7 +218,8 @@ struct Q4DigitDot {
     for (int cb = 0; cb < CB; ++cb) tot[cb][0] = tot[cb][1] = 0.0f;
     Buf b0, b1;
     load(b0, k0);
-    wait_for_previous_grid();  // the prepared activations (launch_dependent)
+    wait_for_previous_grid();  // the prepared activations (launch_pdl)
+    allow_dependent_launch();
     for (int base = k0; base < k1; base += 2 * U) {
       load(b1, base + U);
       compute(b0, base, tot);
@@ -283,8 +284,8 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
   const auto kernel = q4d_gemv_kernel<G, CB, U, ST>;
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
                                   jobs.m[0].cols / G, 32 * CB * 2, ws);
-  launch_dependent(kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), st, jobs,
-                   act, n, ids, x_div, sk, tiles_per_slot);
+  launch_pdl(kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), 0, st, jobs, act,
+             n, ids, x_div, sk, tiles_per_slot);
 }
 
 template <int G, int CB>
@@ -317,8 +318,8 @@ void launch_cb(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, c
 
 void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, int64_t ldx, int64_t rows,
                                int64_t K, const Q4Act& act) {
-  q4d_prepare_kernel<<<blocks_for(rows * (K / 8), kPrepThreads), kPrepThreads, 0, st>>>(
-      x, ldx, rows, K, act.group, act);
+  launch_pdl(q4d_prepare_kernel, dim3(blocks_for(rows * (K / 8), kPrepThreads)), dim3(kPrepThreads),
+             0, st, x, ldx, rows, K, act.group, act);
   TM_CUDA_LAUNCHED();
 }
 

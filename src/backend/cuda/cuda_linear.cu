@@ -111,6 +111,7 @@ __device__ __forceinline__ float row_dot_partial(const DevMat& m, int64_t r, con
 template <int N>
 __global__ void gemv_kernel(DevMat m, const float* __restrict__ x, int64_t ldx, int n,
                             float* __restrict__ out, int64_t ldo) {
+  pdl_begin();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   if (r >= m.rows) return;
   const int lane = threadIdx.x & 31;
@@ -156,6 +157,7 @@ __global__ void gemv_kernel(DevMat m, const float* __restrict__ x, int64_t ldx, 
 __global__ void gemv_indexed_kernel(DevMat m, const int32_t* __restrict__ ids,
                                     const float* __restrict__ x, int64_t ldx, int64_t x_div,
                                     float* __restrict__ out, int64_t ldo) {
+  pdl_begin();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   if (r >= m.rows) return;
   const int64_t s = blockIdx.y;
@@ -189,7 +191,7 @@ void launch_gemv_indexed(cudaStream_t st, const DevMat& m, const int32_t* ids, i
   if (slots <= 0) return;
   TM_CUDA_REQUIRE(slots <= 65535, "moe: more than 65535 token-expert slots in one call");
   const dim3 grid(blocks_for(m.rows, kGemvWarps), static_cast<unsigned>(slots));
-  gemv_indexed_kernel<<<grid, kGemvWarps * 32, 0, st>>>(m, ids, x, ldx, x_div, out, ldo);
+  launch_pdl(gemv_indexed_kernel, grid, kGemvWarps * 32, 0, st, m, ids, x, ldx, x_div, out, ldo);
   TM_CUDA_LAUNCHED();
 }
 
@@ -236,11 +238,11 @@ void CudaBackend::linear(const float* x, int64_t n, const Weight& w, float* out,
     const int threads = cuda::kGemvWarps * 32;
     const int ni = static_cast<int>(n);
     if (n == 1) {
-      cuda::gemv_kernel<1><<<grid, threads, 0, stream_>>>(m, x, ldx, ni, out, ldo);
+      cuda::launch_pdl(cuda::gemv_kernel<1>, grid, threads, 0, stream_, m, x, ldx, ni, out, ldo);
     } else if (n <= 4) {
-      cuda::gemv_kernel<4><<<grid, threads, 0, stream_>>>(m, x, ldx, ni, out, ldo);
+      cuda::launch_pdl(cuda::gemv_kernel<4>, grid, threads, 0, stream_, m, x, ldx, ni, out, ldo);
     } else {
-      cuda::gemv_kernel<16><<<grid, threads, 0, stream_>>>(m, x, ldx, ni, out, ldo);
+      cuda::launch_pdl(cuda::gemv_kernel<16>, grid, threads, 0, stream_, m, x, ldx, ni, out, ldo);
     }
     TM_CUDA_LAUNCHED();
     return;

@@ -17,6 +17,7 @@ namespace {
 
 __global__ void moe_combine_kernel(const float* __restrict__ down, const float* __restrict__ w,
                                    int k, int64_t hidden, float* __restrict__ out) {
+  pdl_begin();
   const int64_t t = blockIdx.x;
   // Columns spread over blockIdx.y too: one token's row is a few KB, one block alone waited
   // k dependent-free but serialized loads per column step.
@@ -39,7 +40,7 @@ void combine(const float* dn, const float* weights, int64_t n, int k, int64_t hi
              cudaStream_t st) {
   const dim3 grid(static_cast<unsigned>(n),
                   static_cast<unsigned>(std::min<int64_t>((hidden + 255) / 256, 65535)));
-  cuda::moe_combine_kernel<<<grid, 256, 0, st>>>(dn, weights, k, hidden, out);
+  cuda::launch_pdl(cuda::moe_combine_kernel, grid, 256, 0, st, dn, weights, k, hidden, out);
   TM_CUDA_LAUNCHED();
 }
 
