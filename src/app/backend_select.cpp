@@ -36,4 +36,8 @@ BackendHandle make_backend(const DeviceOptions& opt) {
   return h;
 }
 
+bool is_cpu_backend(const Backend& backend) {
+  return backend.name().rfind("cpu", 0) == 0;
+}
+
 }  // namespace tokenmill::app

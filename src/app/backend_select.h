@@ -28,4 +28,7 @@ struct BackendHandle {
 
 BackendHandle make_backend(const DeviceOptions& opt);
 
+// True for the CPU backend (its name is "cpu" plus the kernel ISA, e.g. "cpu (avx512)").
+bool is_cpu_backend(const Backend& backend);
+
 }  // namespace tokenmill::app

@@ -6,6 +6,8 @@
 #include <random>
 #include <vector>
 
+#include "app/backend_select.h"
+
 namespace tokenmill::app {
 
 namespace {
@@ -23,10 +25,6 @@ std::string cpu_model_name() {
   return "unknown CPU";
 }
 }  // namespace
-
-bool is_cpu_backend(const Backend& backend) {
-  return backend.name().rfind("cpu", 0) == 0;
-}
 
 std::string describe_device(Backend& backend, int threads) {
   if (is_cpu_backend(backend))

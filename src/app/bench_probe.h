@@ -8,8 +8,6 @@
 
 namespace tokenmill::app {
 
-// True for the CPU backend (its name is "cpu" plus the kernel ISA, e.g. "cpu (avx512)").
-bool is_cpu_backend(const Backend& backend);
 // "cpu: <model name>, N threads" or the GPU's name.
 std::string describe_device(Backend& backend, int threads);
 // Read bandwidth in GB/s: the backend's read_probe over a buffer far larger than the caches

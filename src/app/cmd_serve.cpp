@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "app/backend_select.h"
 #include "app/commands.h"
 #include "app/model_loading.h"
 #include "app/serve_options.h"
@@ -156,6 +157,11 @@ void run_server(const ServeOptions& o) {
   BackendHandle be = make_backend(o.device);
   std::vector<ServingModel> loaded;
   std::vector<server::ServedModel> served;
+  const server::StepLimits steps =
+      server::step_limits_for(settings.limits, !is_cpu_backend(*be.backend));
+  log::info("steps of up to {} tokens{}, prefill chunks of up to {}{} ({})", steps.max_step_tokens,
+            steps.auto_step ? " (auto)" : "", steps.prefill_chunk,
+            steps.auto_chunk ? " (auto)" : "", be.backend->name());
   for (const auto& ms : settings.models) {
     log::info("loading {} from {}", ms.name, ms.path);
     ServingModel lm;
@@ -169,8 +175,8 @@ void run_server(const ServeOptions& o) {
     }
     EngineOptions eo;
     eo.max_seqs = settings.limits.max_seqs;
-    eo.max_step_tokens = settings.limits.max_step_tokens;
-    eo.prefill_chunk = settings.limits.prefill_chunk;
+    eo.max_step_tokens = steps.max_step_tokens;
+    eo.prefill_chunk = steps.prefill_chunk;
     eo.prefer_decode = settings.limits.prefer_decode;
     eo.kv_block_size = settings.cache.kv_block_size;
     eo.memory_budget_bytes = settings.cache.memory_budget_mb << 20;

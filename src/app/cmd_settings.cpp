@@ -37,6 +37,11 @@ void register_settings(CLI::App& app) {
     std::printf("  listen %s:%d, auth %s, max %d sequences, cache %lld MiB\n",
                 s.server.host.c_str(), s.server.port, s.auth.api_key.empty() ? "off" : "on",
                 s.limits.max_seqs, static_cast<long long>(s.cache.memory_budget_mb));
+    const server::StepLimits cpu = server::step_limits_for(s.limits, false);
+    const server::StepLimits gpu = server::step_limits_for(s.limits, true);
+    std::printf("  steps of up to %d tokens, prefill chunks of %d (CPU); %d and %d (GPU)%s\n",
+                cpu.max_step_tokens, cpu.prefill_chunk, gpu.max_step_tokens, gpu.prefill_chunk,
+                cpu.auto_step || cpu.auto_chunk ? " (left out: sized for the device)" : "");
     for (const auto& m : s.models) {
       std::printf("  model %s%s: %s (settings from %s)\n", m.name.c_str(),
                   s.find_model("") == &m ? " (default)" : "", m.path.c_str(), m.source.c_str());

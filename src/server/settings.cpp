@@ -215,7 +215,7 @@ Settings parse_settings(const std::string& text, const std::string& file) {
     if (auto v = l->integer("prefill_chunk", 1, 1 << 20)) s.limits.prefill_chunk = int(*v);
     if (auto v = l->boolean("prefer_decode")) s.limits.prefer_decode = *v;
     if (auto v = l->integer("max_n", 1, 128)) s.limits.max_n = int(*v);
-    if (s.limits.prefill_chunk > s.limits.max_step_tokens) {
+    if (s.limits.max_step_tokens > 0 && s.limits.prefill_chunk > s.limits.max_step_tokens) {
       l->error("prefill_chunk", fmt::format("({}) conflicts with limits.max_step_tokens ({}): a "
                                             "prefill chunk must fit in one step",
                                             s.limits.prefill_chunk, s.limits.max_step_tokens));
@@ -385,6 +385,18 @@ std::string SettingsStore::reload() {
   } catch (const Error& e) {
     return e.what();
   }
+}
+
+StepLimits step_limits_for(const LimitsSection& limits, bool gpu) {
+  StepLimits r;
+  const int step_default = gpu ? 2048 : 512, chunk_default = gpu ? 1024 : 256;
+  r.auto_step = limits.max_step_tokens <= 0;
+  r.auto_chunk = limits.prefill_chunk <= 0;
+  r.max_step_tokens = r.auto_step ? step_default : limits.max_step_tokens;
+  r.prefill_chunk =
+      r.auto_chunk ? std::min(chunk_default, r.max_step_tokens) : limits.prefill_chunk;
+  if (r.auto_step) r.max_step_tokens = std::max(r.max_step_tokens, r.prefill_chunk);
+  return r;
 }
 
 }  // namespace tokenmill::server

@@ -8,7 +8,7 @@
 //               "request_timeout_s"},
 //    "auth":   {"api_key" | "api_key_env"},
 //    "limits": {"max_seqs", "max_queue", "max_step_tokens", "prefill_chunk", "prefer_decode",
-//               "max_n"},
+//               "max_n"},  (step sizes left out: sized for the device, step_limits_for)
 //    "cache":  {"memory_budget_mb", "kv_block_size", "prefix_cache"},
 //    "models": [ "DIR" | {"path": "DIR", "settings_file": "FILE", <model keys>} ],
 //    "default_model": "NAME"}
@@ -74,11 +74,24 @@ struct AuthSection {
 struct LimitsSection {
   int max_seqs = 16;  // sequences decoding at once (per model)
   int max_queue = 1024;
-  int max_step_tokens = 512;
-  int prefill_chunk = 256;
+  // Tokens per forward step, and the largest prefill piece of one sequence per step. 0 (the
+  // key left out) = sized for the device at serve time: step_limits_for.
+  int max_step_tokens = 0;
+  int prefill_chunk = 0;
   bool prefer_decode = true;
   int max_n = 16;  // largest n (choices) per request
 };
+
+// The step limits a server runs with: the settings' values, and for those left out 512 / 256
+// tokens on the CPU and 2048 / 1024 on a GPU (whose forward of a thousand tokens costs about
+// what 256 do on a CPU, so a prefill chunk per step still keeps decodes flowing). A prefill
+// chunk given alone raises an automatic step budget to fit it; a step budget given alone caps
+// an automatic chunk.
+struct StepLimits {
+  int max_step_tokens = 0, prefill_chunk = 0;
+  bool auto_step = false, auto_chunk = false;  // which came from the device default
+};
+StepLimits step_limits_for(const LimitsSection& limits, bool gpu);
 
 struct CacheSection {
   int64_t memory_budget_mb = 2048;  // KV blocks + state slots, per model

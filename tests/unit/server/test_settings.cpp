@@ -93,6 +93,36 @@ TEST(Settings, FullFileParses) {
   EXPECT_EQ(s.find_model("zzz"), nullptr);
 }
 
+// Step sizes left out are sized for the device; given ones are kept, and a value given alone
+// adjusts the automatic other so that a prefill chunk fits in a step.
+TEST(Settings, StepLimitsFollowTheDeviceWhenLeftOut) {
+  const Settings none = parse_settings(R"({})", "");
+  const StepLimits cpu = step_limits_for(none.limits, false);
+  const StepLimits gpu = step_limits_for(none.limits, true);
+  EXPECT_EQ(cpu.max_step_tokens, 512);
+  EXPECT_EQ(cpu.prefill_chunk, 256);
+  EXPECT_EQ(gpu.max_step_tokens, 2048);
+  EXPECT_EQ(gpu.prefill_chunk, 1024);
+  EXPECT_TRUE(gpu.auto_step && gpu.auto_chunk);
+
+  const Settings both =
+      parse_settings(R"({"limits": {"max_step_tokens": 128, "prefill_chunk": 64}})", "");
+  const StepLimits b = step_limits_for(both.limits, true);
+  EXPECT_EQ(b.max_step_tokens, 128);
+  EXPECT_EQ(b.prefill_chunk, 64);
+  EXPECT_FALSE(b.auto_step || b.auto_chunk);
+
+  const Settings chunk = parse_settings(R"({"limits": {"prefill_chunk": 4096}})", "");
+  const StepLimits c = step_limits_for(chunk.limits, false);
+  EXPECT_EQ(c.prefill_chunk, 4096);
+  EXPECT_EQ(c.max_step_tokens, 4096) << "the automatic step budget grows to hold the chunk";
+
+  const Settings step = parse_settings(R"({"limits": {"max_step_tokens": 300}})", "");
+  const StepLimits st = step_limits_for(step.limits, true);
+  EXPECT_EQ(st.max_step_tokens, 300);
+  EXPECT_EQ(st.prefill_chunk, 300) << "the automatic chunk is capped by the step budget";
+}
+
 TEST(Settings, RelativeModelPathsFollowTheFile) {
   Settings s = parse_settings(R"({"models": ["../models/demo"]})", "/home/u/.tokenmill/s.json");
   EXPECT_EQ(s.models[0].path, "/home/u/models/demo");
