@@ -68,8 +68,17 @@ int vec_row_threads(int dim) {
   return std::clamp((t + 31) / 32 * 32, 32, 1024);
 }
 
-__device__ __forceinline__ float4 scaled(float4 v, float f, float4 w) {
-  return make_float4(v.x * f * w.x, v.y * f * w.y, v.z * f * w.z, v.w * f * w.w);
+// o4[j] = v * f * w4[j] for this thread's float4s j = threadIdx.x + i * blockDim.x < n4.
+__device__ __forceinline__ void write_scaled(float4* o4, const float4 (&v)[kVecSlots], int n4,
+                                             float f, const float4* w4) {
+#pragma unroll
+  for (int i = 0; i < kVecSlots; ++i) {
+    const int j = threadIdx.x + i * blockDim.x;
+    if (j < n4) {
+      const float4 w = w4[j];
+      o4[j] = make_float4(v[i].x * f * w.x, v[i].y * f * w.y, v[i].z * f * w.z, v[i].w * f * w.w);
+    }
+  }
 }
 
 __global__ void rmsnorm_vec_kernel(const float* x, const float* __restrict__ w, float* out, int dim,
@@ -90,13 +99,9 @@ __global__ void rmsnorm_vec_kernel(const float* x, const float* __restrict__ w, 
     }
   }
   const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(dim) + eps);
-  float4* o4 = reinterpret_cast<float4*>(out + r * dim);  // may alias x: all read above
-  const float4* w4 = reinterpret_cast<const float4*>(w);
-#pragma unroll
-  for (int i = 0; i < kVecSlots; ++i) {
-    const int j = threadIdx.x + i * blockDim.x;
-    if (j < n4) o4[j] = scaled(v[i], inv, w4[j]);
-  }
+  // out may alias x: all read above.
+  write_scaled(reinterpret_cast<float4*>(out + r * dim), v, n4, inv,
+               reinterpret_cast<const float4*>(w));
 }
 
 __global__ void add_rmsnorm_vec_kernel(float* __restrict__ x, const float* __restrict__ y,
@@ -121,13 +126,8 @@ __global__ void add_rmsnorm_vec_kernel(float* __restrict__ x, const float* __res
     }
   }
   const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(dim) + eps);
-  float4* o4 = reinterpret_cast<float4*>(out + r * dim);
-  const float4* w4 = reinterpret_cast<const float4*>(w);
-#pragma unroll
-  for (int i = 0; i < kVecSlots; ++i) {
-    const int j = threadIdx.x + i * blockDim.x;
-    if (j < n4) o4[j] = scaled(v[i], inv, w4[j]);
-  }
+  write_scaled(reinterpret_cast<float4*>(out + r * dim), v, n4, inv,
+               reinterpret_cast<const float4*>(w));
 }
 
 __global__ void rmsnorm_gated_kernel(const float* __restrict__ o, const float* __restrict__ z,

@@ -146,11 +146,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, N == 1   ? 6
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
   const int lane = threadIdx.x & 31;
-  const int64_t end = sk.lo(w + 1);
-  for (int64_t p = sk.lo(w); p < end;) {
-    const int64_t tile = p / sk.steps, k0 = p - tile * sk.steps;
-    const int64_t k1 = min(sk.steps, end - tile * sk.steps);
-    p = tile * sk.steps + k1;
+  streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1) {
     int j = 0;
     while (j + 1 < jobs.count && tile >= jobs.first_tile[j + 1]) ++j;
     const DevMat& m = jobs.m[j];
@@ -167,7 +163,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, N == 1   ? 6
         if (e == 2 * lane + 1) mine[1] = acc[i][r];
       }
     if (k0 > 0 || k1 < sk.steps) {
-      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, mine, 2)) continue;
+      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, mine, 2)) return;
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -175,7 +171,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, N == 1   ? 6
       const int64_t r = r0 + e % kRowsPerWarp;
       if (i < n && r < m.rows) jobs.out[j][i * m.rows + r] = mine[h];
     }
-  }
+  });
 }
 
 template <int N, class C>

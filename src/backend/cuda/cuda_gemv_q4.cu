@@ -145,15 +145,10 @@ template <int G, int CB, int U, int ST>
 struct Q4TileDot {
   static constexpr bool kWide = CB > 4;
   static constexpr int kOffs = kWide ? 1 : CB;  // per-column-block offsets kept (narrow)
-  static constexpr int W = G / 32;
-  static constexpr int kSB = ST == kF32 ? 4 : 2;  // bytes per scale
-  static constexpr int kBlockBytes = 256 * W;     // one tile-group of data: 32 lanes x 8W bytes
-  using SVec = Q4ScaleVec<ST>;
-  struct Buf {
-    uint32_t w[U][2 * W];  // row g's W words, then row g+8's
-    SVec s[U];             // scale g, bias g, scale g+8, bias g+8
-  };
-  const uint8_t *pw, *ps;
+  using Stream = Q4TileStream<G, U, ST>;
+  using Buf = typename Stream::Buf;
+  static constexpr int W = Stream::W;
+  Stream ws;
   // 32-bit offsets from act.x (in 16-byte units) and act.sums: cheap to recompute when the
   // compiler rematerializes them under register pressure (64-bit pointers cost ~12
   // instructions per load there, measured in the SASS).
@@ -166,15 +161,10 @@ struct Q4TileDot {
   // 4*cb + xrow (B) and 4*cb + srow (C), valid below ncols.
   uint32_t xstep = 0, sstep = 0;
   int xrow = 0, srow = 0, ncols = 0;
-  int k1;
 
-  __device__ Q4TileDot(const Q4Tile& q, const Q4Act& act, int end) : k1(end) {
+  __device__ Q4TileDot(const Q4Tile& q, const Q4Act& act, int end) : ws(q.m, q.r0, end) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const DevMat& m = q.m;
-    const int groups = static_cast<int>(m.cols / G);
-    const int64_t first_block = (q.r0 >> 4) * groups;
-    pw = m.data + (first_block * 32 + lane) * (8 * W);
-    ps = m.scales + (first_block * 8 + g) * 4 * kSB;
+    const int groups = static_cast<int>(q.m.cols / G);
     const int64_t K = act.ld / 2;
     xbase = reinterpret_cast<const uint4*>(act.x);
     sbase = act.sums;
@@ -194,28 +184,6 @@ struct Q4TileDot {
     ncols = q.ncols;
   }
 
-  __device__ __forceinline__ void load(Buf& b, int base) const {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int grp = base + u;
-      if (grp < k1) {
-        const uint8_t* p = pw + static_cast<uint32_t>(grp) * kBlockBytes;
-        if constexpr (W == 1) {
-          const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
-          b.w[u][0] = v.x, b.w[u][1] = v.y;
-        } else {
-#pragma unroll
-          for (int i = 0; i < W / 2; ++i) {
-            const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + i);
-            b.w[u][4 * i] = v.x, b.w[u][4 * i + 1] = v.y, b.w[u][4 * i + 2] = v.z,
-                       b.w[u][4 * i + 3] = v.w;
-          }
-        }
-        b.s[u] = __ldcs(reinterpret_cast<const SVec*>(ps + static_cast<uint32_t>(grp) * 32 * kSB));
-      }
-    }
-  }
-
   __device__ __forceinline__ void compute(const Buf& b, int base, float (&tot)[CB][2]) const {
     if constexpr (kWide) {
       compute_wide(b, base, tot);
@@ -229,7 +197,7 @@ struct Q4TileDot {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int grp = base + u;
-      if (grp >= k1) break;
+      if (grp >= ws.k1) break;
       // One accumulator per word: the mma chains stay two long (a longer chain of dependent
       // mmas stalls a warp, and there are few warps per SM to hide it).
       float d[W][CB][4];
@@ -273,7 +241,7 @@ struct Q4TileDot {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int grp = base + u;
-      if (grp >= k1) break;
+      if (grp >= ws.k1) break;
       uint32_t ea[W][4], eb[W][4];
 #pragma unroll
       for (int w = 0; w < W; ++w) {
@@ -301,21 +269,12 @@ struct Q4TileDot {
     }
   }
 
-  // Weights and scales (HBM) are loaded a buffer ahead (two buffers, no copies); activations
-  // and their sums (a few KB, L1/L2-resident) when used.
+  // Weights and scales (HBM) are loaded a buffer ahead (Q4TileStream); activations and their
+  // sums (a few KB, L1/L2-resident) when used.
   __device__ __forceinline__ void run(int k0, float (&tot)[CB][2]) const {
 #pragma unroll
     for (int cb = 0; cb < CB; ++cb) tot[cb][0] = tot[cb][1] = 0.0f;
-    Buf b0, b1;
-    load(b0, k0);
-    wait_for_previous_grid();  // the prepared activations (launch_pdl)
-    allow_dependent_launch();
-    for (int base = k0; base < k1; base += 2 * U) {
-      load(b1, base + U);
-      compute(b0, base, tot);
-      load(b0, base + 2 * U);
-      compute(b1, base + U, tot);
-    }
+    ws.run(k0, [&](const Buf& b, int base) { compute(b, base, tot); });
   }
 };
 
@@ -326,16 +285,12 @@ __global__ void __launch_bounds__(128, 2)
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t end = sk.lo(w + 1);
-  for (int64_t p = sk.lo(w); p < end;) {
-    const int64_t tile = p / sk.steps, k0 = p - tile * sk.steps;
-    const int64_t k1 = min(sk.steps, end - tile * sk.steps);
-    p = tile * sk.steps + k1;
+  streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1) {
     const Q4Tile q = q4_tile(jobs, tile, sk.tiles, n, nullptr, 1);
     float tot[CB][2];
     Q4TileDot<G, CB, U, ST>(q, act, static_cast<int>(k1)).run(static_cast<int>(k0), tot);
     if (k0 > 0 || k1 < sk.steps) {
-      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, &tot[0][0], CB * 2)) continue;
+      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, &tot[0][0], CB * 2)) return;
     }
 #pragma unroll
     for (int cb = 0; cb < CB; ++cb) {
@@ -348,7 +303,7 @@ __global__ void __launch_bounds__(128, 2)
         if (r < q.m.rows) q.out[c * q.m.rows + r] = tot[cb][h] * scale;
       }
     }
-  }
+  });
 }
 
 template <int G, int CB, int ST>

@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemv.h"
 
 namespace tokenmill::cuda {
@@ -56,5 +57,71 @@ __device__ __forceinline__ void q4_scales(const Q4ScaleVec<ST>& v, float (&sc)[2
     sc[0] = a.x, bi[0] = a.y, sc[1] = c.x, bi[1] = c.y;
   }
 }
+
+// The weights of one 16-row tile, groups [k0, k1), streamed the same way by both GEMVs: U groups
+// per buffer, two buffers, the next one loading while the other is used. Lane (g = lane/4,
+// t = lane%4) gets words [t*W, t*W+W) of rows g and g+8 of each group (one 8W-byte load) and
+// its rows' scales and biases (one 8- or 16-byte load). Offsets inside a tile are 32-bit; the
+// tile's base pointers are computed once.
+template <int G, int U, int ST>
+struct Q4TileStream {
+  static constexpr int W = G / 32;
+  static constexpr int kSB = ST == kF32 ? 4 : 2;  // bytes per scale
+  static constexpr int kBlockBytes = 256 * W;     // one tile-group of data: 32 lanes x 8W bytes
+  using SVec = Q4ScaleVec<ST>;
+  struct Buf {
+    uint32_t w[U][2 * W];  // row g's W words, then row g+8's
+    SVec s[U];             // scale g, bias g, scale g+8, bias g+8
+  };
+  const uint8_t *pw, *ps;
+  int k1;
+
+  __device__ Q4TileStream(const DevMat& m, int64_t r0, int end) : k1(end) {
+    const int lane = threadIdx.x & 31, g = lane >> 2;
+    const int groups = static_cast<int>(m.cols / G);
+    const int64_t first_block = (r0 >> 4) * groups;
+    pw = m.data + (first_block * 32 + lane) * (8 * W);
+    ps = m.scales + (first_block * 8 + g) * 4 * kSB;
+  }
+
+  __device__ __forceinline__ void load(Buf& b, int base) const {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int grp = base + u;
+      if (grp < k1) {
+        const uint8_t* p = pw + static_cast<uint32_t>(grp) * kBlockBytes;
+        if constexpr (W == 1) {
+          const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
+          b.w[u][0] = v.x, b.w[u][1] = v.y;
+        } else {
+#pragma unroll
+          for (int i = 0; i < W / 2; ++i) {
+            const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + i);
+            b.w[u][4 * i] = v.x, b.w[u][4 * i + 1] = v.y, b.w[u][4 * i + 2] = v.z,
+                       b.w[u][4 * i + 3] = v.w;
+          }
+        }
+        b.s[u] = __ldcs(reinterpret_cast<const SVec*>(ps + static_cast<uint32_t>(grp) * 32 * kSB));
+      }
+    }
+  }
+
+  // compute(buf, first group of buf) for each buffer of [k0, k1). The first weights load before
+  // the wait for the kernel before (launch_pdl: the activations it prepares); the next kernel may
+  // be scheduled after it.
+  template <class Compute>
+  __device__ __forceinline__ void run(int k0, Compute&& compute) const {
+    Buf b0, b1;
+    load(b0, k0);
+    wait_for_previous_grid();
+    allow_dependent_launch();
+    for (int base = k0; base < k1; base += 2 * U) {
+      load(b1, base + U);
+      compute(b0, base);
+      load(b0, base + 2 * U);
+      compute(b1, base + U);
+    }
+  }
+};
 
 }  // namespace tokenmill::cuda

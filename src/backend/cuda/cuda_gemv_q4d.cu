@@ -114,32 +114,22 @@ __device__ __forceinline__ void imma(int (&d)[4], uint32_t a0, uint32_t a1, uint
 // g>>2 of the column block.
 template <int G, int CB, int U, int ST>
 struct Q4DigitDot {
-  static constexpr int W = G / 32;
-  static constexpr int kSB = ST == kF32 ? 4 : 2;
-  static constexpr int kBlockBytes = 256 * W;
-  using SVec = Q4ScaleVec<ST>;
-  struct Buf {
-    uint32_t w[U][2 * W];
-    SVec s[U];
-  };
-  const uint8_t *pw, *ps;
+  using Stream = Q4TileStream<G, U, ST>;
+  using Buf = typename Stream::Buf;
+  static constexpr int W = Stream::W;
+  Stream ws;
   const uint2* xbase;
   const float2* sbase;
   uint32_t xoff[CB];  // this lane's B column (uint2 units)
   uint32_t soff[CB];  // per-group {2^-e, sum} of this lane's C row (float2 units)
   bool has_x[CB], has_s[CB];
   bool odd;
-  int k1;
 
-  __device__ Q4DigitDot(const Q4Tile& q, const Q4Act& act, int end) : k1(end) {
+  __device__ Q4DigitDot(const Q4Tile& q, const Q4Act& act, int end) : ws(q.m, q.r0, end) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     odd = (t & 1) != 0;
-    const DevMat& m = q.m;
-    const int groups = static_cast<int>(m.cols / G);
-    const int64_t words = m.cols / 8;
-    const int64_t first_block = (q.r0 >> 4) * groups;
-    pw = m.data + (first_block * 32 + lane) * (8 * W);
-    ps = m.scales + (first_block * 8 + g) * 4 * kSB;
+    const int groups = static_cast<int>(q.m.cols / G);
+    const int64_t words = q.m.cols / 8;
     xbase = reinterpret_cast<const uint2*>(act.x);
     sbase = reinterpret_cast<const float2*>(act.sums);
 #pragma unroll
@@ -153,33 +143,11 @@ struct Q4DigitDot {
     }
   }
 
-  __device__ __forceinline__ void load(Buf& b, int base) const {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int grp = base + u;
-      if (grp < k1) {
-        const uint8_t* p = pw + static_cast<uint32_t>(grp) * kBlockBytes;
-        if constexpr (W == 1) {
-          const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
-          b.w[u][0] = v.x, b.w[u][1] = v.y;
-        } else {
-#pragma unroll
-          for (int i = 0; i < W / 2; ++i) {
-            const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + i);
-            b.w[u][4 * i] = v.x, b.w[u][4 * i + 1] = v.y, b.w[u][4 * i + 2] = v.z,
-                       b.w[u][4 * i + 3] = v.w;
-          }
-        }
-        b.s[u] = __ldcs(reinterpret_cast<const SVec*>(ps + static_cast<uint32_t>(grp) * 32 * kSB));
-      }
-    }
-  }
-
   __device__ __forceinline__ void compute(const Buf& b, int base, float (&tot)[CB][2]) const {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int grp = base + u;
-      if (grp >= k1) break;
+      if (grp >= ws.k1) break;
       uint32_t ev[W][2], od[W][2];  // [word][row g, row g+8]: even and odd nibbles
 #pragma unroll
       for (int i = 0; i < W; ++i) {
@@ -216,16 +184,7 @@ struct Q4DigitDot {
   __device__ __forceinline__ void run(int k0, float (&tot)[CB][2]) const {
 #pragma unroll
     for (int cb = 0; cb < CB; ++cb) tot[cb][0] = tot[cb][1] = 0.0f;
-    Buf b0, b1;
-    load(b0, k0);
-    wait_for_previous_grid();  // the prepared activations (launch_pdl)
-    allow_dependent_launch();
-    for (int base = k0; base < k1; base += 2 * U) {
-      load(b1, base + U);
-      compute(b0, base, tot);
-      load(b0, base + 2 * U);
-      compute(b1, base + U, tot);
-    }
+    ws.run(k0, [&](const Buf& b, int base) { compute(b, base, tot); });
   }
 };
 
@@ -237,11 +196,7 @@ __global__ void __launch_bounds__(128, CB == 1 ? 6 : 4)
   if (w >= sk.warps) return;
   if (ids != nullptr) wait_for_previous_grid();  // expert ids come from earlier kernels
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t end = sk.lo(w + 1);
-  for (int64_t p = sk.lo(w); p < end;) {
-    const int64_t tile = p / sk.steps, k0 = p - tile * sk.steps;
-    const int64_t k1 = min(sk.steps, end - tile * sk.steps);
-    p = tile * sk.steps + k1;
+  streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1) {
     const Q4Tile q = q4_tile(jobs, tile, tiles_per_slot, n, ids, x_div);
     float tot[CB][2];
     if (q.bad_expert) {  // the router never produces one; make it visible
@@ -251,7 +206,7 @@ __global__ void __launch_bounds__(128, CB == 1 ? 6 : 4)
       Q4DigitDot<G, CB, U, ST>(q, act, static_cast<int>(k1)).run(static_cast<int>(k0), tot);
     }
     if (k0 > 0 || k1 < sk.steps) {
-      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, &tot[0][0], CB * 2)) continue;
+      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, &tot[0][0], CB * 2)) return;
     }
     // Lane pair (2i, 2i+1) holds digits (0, 1) and (2, 3) of one activation row.
     const float weight = (t & 1) ? 1.0f : 65536.0f;
@@ -271,7 +226,7 @@ __global__ void __launch_bounds__(128, CB == 1 ? 6 : 4)
         if (r < q.m.rows) q.out[(ids != nullptr ? 0 : c * q.m.rows) + r] = v[h];
       }
     }
-  }
+  });
 }
 
 template <int G, int CB, int ST>

@@ -43,6 +43,18 @@ struct StreamK {
   }
 };
 
+// Calls f(tile, k0, k1) for each part of a tile (steps [k0, k1)) in warp w's range, in order.
+template <class F>
+__device__ __forceinline__ void streamk_for_each(const StreamK& sk, int64_t w, F&& f) {
+  const int64_t end = sk.lo(w + 1);
+  for (int64_t p = sk.lo(w); p < end;) {
+    const int64_t tile = p / sk.steps, k0 = p - tile * sk.steps;
+    const int64_t k1 = min(sk.steps, end - tile * sk.steps);
+    p = tile * sk.steps + k1;
+    f(tile, k0, k1);
+  }
+}
+
 // Called by all 32 lanes of the warp that computed steps [k0, k1) of tile t, a strict part of it,
 // after it wrote its `vals` (this lane's share, `count` floats at lane*count) to its slot.
 // Returns true on the one warp that must now write the tile's output; `vals` then holds the
