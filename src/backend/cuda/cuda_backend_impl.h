@@ -51,7 +51,7 @@ class CudaBackend final : public Backend {
   void fill_zero(void* dst, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
-  // 4-bit weights are repacked into the tile layout of cuda_gemv_q4.cu (kQ4TilePacking).
+  // 4-bit weights are repacked into the tile layout of cuda_q4_pack.cu (kQ4TilePacking).
   Weight upload_weight(const Weight& host) override;
   Weight pack_weight(const Weight& w) override;
   bool can_record() const override { return true; }

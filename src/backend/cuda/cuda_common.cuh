@@ -32,7 +32,7 @@ struct DevMat {
   // Whether rows can be read in aligned 8-element chunks (load8): always for affine; for float
   // weights when cols % 8 == 0 and the base is 16-byte aligned.
   bool chunks8 = false;
-  // 4-bit data and scales in the tile layout of cuda_gemv_q4.cu (kQ4TilePacking): `row_bytes`
+  // 4-bit data and scales in the tile layout of cuda_q4_pack.cu (kQ4TilePacking): `row_bytes`
   // is then only the logical size of a row, `biases` is null (they sit next to the scales), and
   // elements are found with tiled_word / tiled_sb.
   bool tiled = false;
@@ -210,7 +210,7 @@ __device__ __forceinline__ float sigmoid_f(float x) {
   return 1.0f / (1.0f + expf(-x));
 }
 
-// Programmatic dependent launch (Hopper): a kernel started with launch_dependent() may begin
+// Programmatic dependent launch (Hopper): a kernel started with launch_pdl() may begin
 // while the kernel before it in the stream still runs, once that kernel called
 // allow_dependent_launch() (or its blocks finished). Before it touches anything the earlier
 // kernel writes it must call wait_for_previous_grid(), which returns when that kernel has

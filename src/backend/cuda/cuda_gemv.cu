@@ -1,5 +1,5 @@
 // Decode GEMV (1..16 activation rows) for the common weight formats: bf16 and MLX affine 8-bit
-// on CUDA cores (4-bit goes to the tensor-core kernel of cuda_gemv_q4.cu). Each lane streams
+// on CUDA cores (4-bit goes to the tensor-core kernels of cuda_gemv_q4*.cu). Each lane streams
 // 16-byte chunks of a weight row (8 bf16 or 16 8-bit values) with streaming loads, two chunks
 // in flight per row; a warp works on kRowsPerWarp rows at once so one load of an x chunk
 // serves several rows (without that, re-reading x from L1 would cost more than the weights).

@@ -1,6 +1,6 @@
 // Internal to backend/cuda (.cu files): the fast decode GEMVs of cuda_gemv.cu (bf16 and 8-bit on
-// CUDA cores) and cuda_gemv_q4.cu (4-bit on tensor cores), both divided stream-K style
-// (cuda_streamk.cuh).
+// CUDA cores) and cuda_gemv_q4.cu / cuda_gemv_q4d.cu (4-bit on tensor cores), all divided stream-K
+// style (cuda_streamk.cuh).
 #pragma once
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -60,7 +60,7 @@ struct Q4Act {
   Q4Operands operands = Q4Operands::kF16;
 };
 
-// The tile layout (kQ4TilePacking, described in cuda_gemv_q4.cu) the kernel reads: whether `w`
+// The tile layout (kQ4TilePacking, described in cuda_q4_pack.cu) the kernels read: whether `w`
 // can be packed, the bytes its data and its scales+biases take, and the packing itself (device
 // to device, on `st`).
 bool q4_tile_packable(const Weight& w);
@@ -68,7 +68,7 @@ size_t q4_tile_data_bytes(const Weight& w);
 size_t q4_tile_scale_bytes(const Weight& w);
 void launch_q4_pack(cudaStream_t st, const Weight& w, void* data, void* scales);
 
-// The 4-bit kernel takes up to 64 activation rows (16 column blocks of 4) in one pass over the
+// The 4-bit kernels take up to 64 activation rows (F16: 16 column blocks of 4) in one pass over the
 // weights; the other fast GEMVs up to 16.
 constexpr int kQ4GemvMaxRows = 64;
 constexpr int kQ4WideCB = kQ4GemvMaxRows / 4;
