@@ -17,7 +17,9 @@
 #   bench (BENCH_PRESETS, default the 27B shape at q4g64 and bf16 and the 35B-A3B shape at q4g64,
 #   dummy weights generated on the device),
 #   compute-sanitizer memcheck on a short tm_test_backend_cuda filter,
-#   http (not in the default list): server vs engine on a dummy 27B-shaped model.
+#   http (not in the default list): server vs engine on a dummy 27B-shaped model,
+#   profile (not in the default list): per-kernel time of one decode step (ncu,
+#   tools/kernel_profile.py).
 # Logs: $OUT/<stage>.log and $OUT/summary.txt (printed last).
 set -u
 : "${OUT:=/tmp/tokenmill_gpu_out}"
@@ -128,6 +130,17 @@ if want http; then
     bash tools/http_vs_engine.sh "$BUILD/tokenmill" "$DUMMY" "${HTTP_STREAMS:-1,16,64}" \
     "${HTTP_TOKENS:-256}" -- --device cuda && true
   tail -25 "$OUT/http.log" >> "$SUMMARY"
+fi
+if want profile; then
+  # ncu, one metric, every kernel of a short 27B q4g64 bench at the clocks the GPU chose; then
+  # tools/kernel_profile.py's per-kernel table of one decode step (not in the default list).
+  PROF_CSV="${PROF_CSV:-/tmp/tokenmill_prof.csv}"
+  stage profile_ncu "${PROFILE_LIMIT:-150}" bash -c "ncu --graph-profiling node --clock-control none \
+    --cache-control none --csv --print-units base --metrics gpu__time_duration.sum \
+    $BUILD/tokenmill bench --dummy-weights --device cuda --preset qwen3.5-27b --quant q4g64 \
+    --prompt-lengths 32 --contexts 64 --batches 1 --decode-tokens 3 > $PROF_CSV" && true
+  python3 tools/kernel_profile.py "$PROF_CSV" > "$OUT/profile.log" 2>&1 && true
+  cat "$OUT/profile.log" >> "$SUMMARY"
 fi
 if want sanitizer; then
   stage sanitizer 120 compute-sanitizer --tool memcheck --error-exitcode 3 \
