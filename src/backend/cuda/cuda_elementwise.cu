@@ -81,13 +81,18 @@ __device__ __forceinline__ void write_scaled(float4* o4, const float4 (&v)[kVecS
   }
 }
 
-__global__ void rmsnorm_vec_kernel(const float* x, const float* __restrict__ w, float* out, int dim,
-                                   float eps) {
+// kAdd: x += y first (add_rmsnorm: the residual stream, written back after all loads so that
+// x and y need not be distinct for the loads to overlap). Without kAdd x is only read and out
+// may alias it.
+template <bool kAdd>
+__global__ void rmsnorm_vec_kernel(float* x, const float* y, const float* __restrict__ w,
+                                   float* out, int dim, float eps) {
   pdl_begin();
   __shared__ float red[32];
   const int n4 = dim / 4;
   const int64_t r = blockIdx.x;
-  const float4* x4 = reinterpret_cast<const float4*>(x + r * dim);
+  float4* x4 = reinterpret_cast<float4*>(x + r * dim);
+  const float4* y4 = reinterpret_cast<const float4*>(kAdd ? y + r * dim : nullptr);
   float4 v[kVecSlots];
   float ss = 0.0f;
 #pragma unroll
@@ -95,34 +100,18 @@ __global__ void rmsnorm_vec_kernel(const float* x, const float* __restrict__ w, 
     const int j = threadIdx.x + i * blockDim.x;
     if (j < n4) {
       v[i] = x4[j];
+      if constexpr (kAdd) {
+        const float4 b = y4[j];
+        v[i] = make_float4(v[i].x + b.x, v[i].y + b.y, v[i].z + b.z, v[i].w + b.w);
+      }
       ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
     }
   }
-  const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(dim) + eps);
-  // out may alias x: all read above.
-  write_scaled(reinterpret_cast<float4*>(out + r * dim), v, n4, inv,
-               reinterpret_cast<const float4*>(w));
-}
-
-__global__ void add_rmsnorm_vec_kernel(float* __restrict__ x, const float* __restrict__ y,
-                                       const float* __restrict__ w, float* __restrict__ out,
-                                       int dim, float eps) {
-  pdl_begin();
-  __shared__ float red[32];
-  const int n4 = dim / 4;
-  const int64_t r = blockIdx.x;
-  float4* x4 = reinterpret_cast<float4*>(x + r * dim);
-  const float4* y4 = reinterpret_cast<const float4*>(y + r * dim);
-  float4 v[kVecSlots];
-  float ss = 0.0f;
+  if constexpr (kAdd) {
 #pragma unroll
-  for (int i = 0; i < kVecSlots; ++i) {
-    const int j = threadIdx.x + i * blockDim.x;
-    if (j < n4) {
-      const float4 a = x4[j], b = y4[j];
-      v[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-      x4[j] = v[i];
-      ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+    for (int i = 0; i < kVecSlots; ++i) {
+      const int j = threadIdx.x + i * blockDim.x;
+      if (j < n4) x4[j] = v[i];
     }
   }
   const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(dim) + eps);
@@ -295,8 +284,10 @@ void CudaBackend::rmsnorm(const float* x, const float* w, float* out, int64_t ro
                           float eps) {
   if (rows <= 0) return;
   if (cuda::vec_row_ok(dim, x, w, out, out)) {
-    cuda::launch_pdl(cuda::rmsnorm_vec_kernel, static_cast<unsigned>(rows),
-                     cuda::vec_row_threads(dim), 0, stream_, x, w, out, dim, eps);
+    // x is only read without kAdd.
+    cuda::launch_pdl(cuda::rmsnorm_vec_kernel<false>, static_cast<unsigned>(rows),
+                     cuda::vec_row_threads(dim), 0, stream_, const_cast<float*>(x),
+                     static_cast<const float*>(nullptr), w, out, dim, eps);
   } else {
     cuda::launch_pdl(cuda::rmsnorm_kernel, static_cast<unsigned>(rows), cuda::row_threads(dim), 0,
                      stream_, x, w, out, dim, eps);
@@ -308,7 +299,7 @@ void CudaBackend::add_rmsnorm(float* x, const float* y, const float* w, float* o
                               int dim, float eps) {
   if (rows <= 0) return;
   if (cuda::vec_row_ok(dim, x, y, w, out)) {
-    cuda::launch_pdl(cuda::add_rmsnorm_vec_kernel, static_cast<unsigned>(rows),
+    cuda::launch_pdl(cuda::rmsnorm_vec_kernel<true>, static_cast<unsigned>(rows),
                      cuda::vec_row_threads(dim), 0, stream_, x, y, w, out, dim, eps);
   } else {
     cuda::launch_pdl(cuda::add_rmsnorm_kernel, static_cast<unsigned>(rows), cuda::row_threads(dim),
