@@ -10,6 +10,7 @@
 // - Ops are asynchronous with respect to the host on devices that can be; synchronize() waits.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -217,6 +218,25 @@ class Backend {
   // g = -exp(A_log) * softplus(a + dt_bias); beta = sigmoid(b); a, b, g, beta: [n, heads].
   virtual void gdn_gates(const float* a, const float* b, const float* a_log, const float* dt_bias,
                          float* g, float* beta, int64_t n, int heads) = 0;
+  // The GDN layer's front: conv1d_silu of the in-projection's qkv rows into conv_out ([n_tokens,
+  // channels], channels = [q | k | v]), then q = l2norm(conv q) / sqrt(k_dim), k = l2norm(conv
+  // k) (eps 1e-6), v = conv v, packed [n_tokens, heads, dim], and gdn_gates(a, b) over v_heads.
+  // The default runs those ops one by one; a backend may fuse them (few launches per decode
+  // step), agreeing within F32 rounding. conv_out may then be left unwritten.
+  virtual void gdn_front(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
+                         const float* qkv, const float* conv_weight, const float* a, const float* b,
+                         const float* a_log, const float* dt_bias, float* conv_out, float* q,
+                         float* k, float* v, float* g, float* beta) {
+    const int64_t T = seqs.n_tokens, C = st.channels;
+    const int64_t qk = int64_t{st.k_heads} * st.k_dim, vd = int64_t{st.v_heads} * st.v_dim;
+    conv1d_silu(st, seqs, slots, qkv, conv_weight, conv_out);
+    copy_rows(conv_out, C, q, qk, T, qk);
+    copy_rows(conv_out + qk, C, k, qk, T, qk);
+    copy_rows(conv_out + 2 * qk, C, v, vd, T, vd);
+    l2norm(q, T * st.k_heads, st.k_dim, 1e-6f, 1.0f / std::sqrt(static_cast<float>(st.k_dim)));
+    l2norm(k, T * st.k_heads, st.k_dim, 1e-6f, 1.0f);
+    gdn_gates(a, b, a_log, dt_bias, g, beta, T, st.v_heads);
+  }
 
   // ---- mixture of experts ----
   // Router: probabilities = softmax(logits) over E experts per row; picks the top k; weights are

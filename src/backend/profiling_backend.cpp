@@ -111,6 +111,17 @@ void ProfilingBackend::gdn_gates(const float* a, const float* b, const float* a_
                                  int heads) {
   timed("gdn_gates", n, [&] { in_.gdn_gates(a, b, a_log, dt_bias, g, beta, n, heads); });
 }
+
+void ProfilingBackend::gdn_front(const GDNStateView& st, const SeqLayout& seqs,
+                                 const int32_t* slots, const float* qkv, const float* conv_weight,
+                                 const float* a, const float* b, const float* a_log,
+                                 const float* dt_bias, float* conv_out, float* q, float* k,
+                                 float* v, float* g, float* beta) {
+  timed("gdn_front", seqs.n_tokens, [&] {
+    in_.gdn_front(st, seqs, slots, qkv, conv_weight, a, b, a_log, dt_bias, conv_out, q, k, v, g,
+                  beta);
+  });
+}
 void ProfilingBackend::topk_softmax(const float* logits, int64_t n, int experts, int k,
                                     bool renormalize, int32_t* ids, float* weights) {
   timed("topk_softmax", n,

@@ -87,6 +87,10 @@ class ProfilingBackend final : public Backend {
                         const float* beta, float* out, float* step_states) override;
   void gdn_gates(const float* a, const float* b, const float* a_log, const float* dt_bias, float* g,
                  float* beta, int64_t n, int heads) override;
+  void gdn_front(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
+                 const float* qkv, const float* conv_weight, const float* a, const float* b,
+                 const float* a_log, const float* dt_bias, float* conv_out, float* q, float* k,
+                 float* v, float* g, float* beta) override;
   void topk_softmax(const float* logits, int64_t n, int experts, int k, bool renormalize,
                     int32_t* ids, float* weights) override;
   void moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,

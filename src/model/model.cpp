@@ -377,23 +377,16 @@ void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& ca
   (void)keep_step_states;
   Scratch& s = *s_;
   const GDNWeights& G = L.gdn;
-  const int Hk = geo_.k_heads, Hv = geo_.v_heads, Dk = geo_.k_dim, Dv = geo_.v_dim;
-  const int C = geo_.conv_channels;
-  const int64_t HkDk = int64_t{Hk} * Dk, HvDv = int64_t{Hv} * Dv;
+  const int Hv = geo_.v_heads, Dv = geo_.v_dim;
   {
     const Weight* ws[] = {&G.in_proj_qkv, &G.in_proj_z, &G.in_proj_b, &G.in_proj_a};
     float* outs[] = {s.qkv, s.z, s.b, s.a};
     backend_.linear_multi(s.h, T, ws, outs, 4);
   }
   const GDNStateView& st = caches.gdn[gdn_index];
-  backend_.conv1d_silu(st, s.seqs, s.slots, s.qkv, G.conv.data, s.conv_out);
   // conv_out rows: [q (Hk*Dk) | k (Hk*Dk) | v (Hv*Dv)].
-  backend_.copy_rows(s.conv_out, C, s.q, HkDk, T, HkDk);
-  backend_.copy_rows(s.conv_out + HkDk, C, s.k, HkDk, T, HkDk);
-  backend_.copy_rows(s.conv_out + 2 * HkDk, C, s.v, HvDv, T, HvDv);
-  backend_.l2norm(s.q, int64_t{T} * Hk, Dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(Dk)));
-  backend_.l2norm(s.k, int64_t{T} * Hk, Dk, 1e-6f, 1.0f);
-  backend_.gdn_gates(s.a, s.b, G.a_log.data, G.dt_bias.data, s.g, s.beta, T, Hv);
+  backend_.gdn_front(st, s.seqs, s.slots, s.qkv, G.conv.data, s.a, s.b, G.a_log.data,
+                     G.dt_bias.data, s.conv_out, s.q, s.k, s.v, s.g, s.beta);
   backend_.gated_delta_rule(st, s.seqs, s.slots, s.q, s.k, s.v, s.g, s.beta, s.o, nullptr);
   backend_.rmsnorm_gated(s.o, s.z, G.norm.data, s.o2, int64_t{T} * Hv, Dv,
                          static_cast<float>(cfg_.rms_norm_eps));

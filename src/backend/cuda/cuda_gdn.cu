@@ -48,6 +48,82 @@ __global__ void conv1d_silu_kernel(GDNStateView st, SeqLayout seqs, const int32_
   for (int i = 0; i < Km1; ++i) sc[i] = hist[i];
 }
 
+// The GDN front for decode and verify steps (few tokens per sequence), fused: block (s, kh)
+// takes the channels of key head kh (its q and k) and of the value heads kh*r .. kh*r+r-1
+// (r = v_heads / k_heads), which no other block touches, so the conv state needs no ordering
+// between blocks. Thread j owns one channel: the kernel-4 conv from its state history, SiLU,
+// then (q, k) the head's l2norm from per-channel squares in shared memory; the first r threads
+// compute the gates. Nine launches per GDN layer become one.
+struct FrontArgs {
+  GDNStateView st;
+  SeqLayout seqs;
+  const int32_t* slots;
+  const float *qkv, *conv_weight, *a, *b, *a_log, *dt_bias;
+  float *q, *k, *v, *g, *beta;
+};
+
+__global__ void gdn_front_kernel(FrontArgs A) {
+  pdl_begin();
+  extern __shared__ float sq[];  // [2 * Dk] squares of the q and k channels
+  __shared__ float sums[2];
+  const GDNStateView& st = A.st;
+  const int s = blockIdx.x, kh = blockIdx.y;
+  const int Dk = st.k_dim, Dv = st.v_dim, Hk = st.k_heads, Hv = st.v_heads, r = Hv / Hk;
+  const int nch = 2 * Dk + r * Dv;
+  const int j = threadIdx.x, lane = j & 31, warp = j >> 5;
+  const int64_t C = st.channels, qk = static_cast<int64_t>(Hk) * Dk;
+  const int64_t vd = static_cast<int64_t>(Hv) * Dv;
+  const bool live = j < nch;
+  const int64_t ch = j < Dk       ? kh * Dk + j
+                     : j < 2 * Dk ? qk + kh * Dk + (j - Dk)
+                                  : 2 * qk + static_cast<int64_t>(kh) * r * Dv + (j - 2 * Dk);
+  const int64_t t0 = A.seqs.cu_seqlens[s], L = A.seqs.cu_seqlens[s + 1] - t0;
+  float* sc = st.conv + (static_cast<int64_t>(A.slots[s]) * C + (live ? ch : 0)) * 3;
+  float h0 = 0.0f, h1 = 0.0f, h2 = 0.0f, w[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (live) {
+    h0 = sc[0], h1 = sc[1], h2 = sc[2];
+    for (int i = 0; i < 4; ++i) w[i] = A.conv_weight[ch * 4 + i];
+  }
+  const float q_scale = 1.0f / sqrtf(static_cast<float>(Dk));
+  for (int64_t t = 0; t < L; ++t) {
+    const int64_t row = t0 + t;
+    const float xt = live ? A.qkv[row * C + ch] : 0.0f;
+    // The order of conv1d_silu_kernel: history oldest first, then the new input.
+    float acc = 0.0f;
+    acc += w[0] * h0;
+    acc += w[1] * h1;
+    acc += w[2] * h2;
+    acc += w[3] * xt;
+    const float y = silu_f(acc);
+    h0 = h1, h1 = h2, h2 = xt;
+    if (j < 2 * Dk) sq[j] = y * y;
+    __syncthreads();
+    if (warp < 2) {
+      float ss = 0.0f;
+      for (int i = lane; i < Dk; i += 32) ss += sq[warp * Dk + i];
+      ss = warp_sum(ss);
+      if (lane == 0) sums[warp] = ss;
+    }
+    __syncthreads();
+    if (j < Dk) {
+      A.q[row * qk + kh * Dk + j] = y * (q_scale / sqrtf(sums[0] + 1e-6f));
+    } else if (j < 2 * Dk) {
+      A.k[row * qk + kh * Dk + (j - Dk)] = y * (1.0f / sqrtf(sums[1] + 1e-6f));
+    } else if (live) {
+      A.v[row * vd + static_cast<int64_t>(kh) * r * Dv + (j - 2 * Dk)] = y;
+    }
+    if (j < r) {
+      const int h = kh * r + j;
+      const int64_t i = row * Hv + h;
+      const float u = A.a[i] + A.dt_bias[h];
+      const float sp = u > 20.0f ? u : log1pf(expf(u));  // torch's softplus threshold
+      A.g[i] = -expf(A.a_log[h]) * sp;
+      A.beta[i] = sigmoid_f(A.b[i]);
+    }
+  }
+  if (live && L > 0) sc[0] = h0, sc[1] = h1, sc[2] = h2;
+}
+
 struct DeltaArgs {
   GDNStateView st;
   SeqLayout seqs;
@@ -221,6 +297,31 @@ void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs
   } else {
     cuda::launch_pdl(cuda::delta_rule_kernel, grid, threads, smem, stream_, a);
   }
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::gdn_front(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
+                            const float* qkv, const float* conv_weight, const float* a,
+                            const float* b, const float* a_log, const float* dt_bias,
+                            float* conv_out, float* q, float* k, float* v, float* g, float* beta) {
+  const int r = st.k_heads > 0 ? st.v_heads / st.k_heads : 0;
+  const int64_t nch = 2 * int64_t{st.k_dim} + int64_t{r} * st.v_dim;
+  // Fused for decode and verify steps; prefill chunks (long sequences, where one block per key
+  // head would walk hundreds of rows) take the op-by-op form.
+  const bool fused = st.kernel == 4 && r > 0 && st.v_heads % st.k_heads == 0 && nch <= 1024 &&
+                     st.k_heads <= 65535 && seqs.n_seqs <= 65535 && seqs.max_seq_tokens <= 16;
+  if (!fused) {
+    Backend::gdn_front(st, seqs, slots, qkv, conv_weight, a, b, a_log, dt_bias, conv_out, q, k, v,
+                       g, beta);
+    return;
+  }
+  if (seqs.n_seqs <= 0) return;
+  const cuda::FrontArgs fa{st,    seqs,    slots, qkv, conv_weight, a, b,
+                           a_log, dt_bias, q,     k,   v,           g, beta};
+  const int threads = std::max<int>(64, static_cast<int>((nch + 31) / 32 * 32));
+  const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(st.k_heads));
+  cuda::launch_pdl(cuda::gdn_front_kernel, grid, threads,
+                   static_cast<size_t>(2 * st.k_dim) * sizeof(float), stream_, fa);
   TM_CUDA_LAUNCHED();
 }
 

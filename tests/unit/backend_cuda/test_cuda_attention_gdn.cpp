@@ -188,5 +188,65 @@ TEST_F(CudaGdn, DeltaRuleContinuesStateWithStepStates) {
   }
 }
 
+// gdn_front: fused on CUDA for decode and verify steps (kernel 4, <= 16 rows per sequence),
+// op by op otherwise; both against the CPU's op-by-op form, including the conv state.
+TEST_F(CudaGdn, FrontMatchesCpu) {
+  Rng rng(24);
+  struct Geo {
+    int Hk, Hv, Dk, Dv, K;
+  };
+  for (Geo geo : {Geo{2, 4, 16, 32, 4}, Geo{2, 6, 128, 128, 4}, Geo{2, 4, 16, 32, 2}}) {
+    const int slots_n = 3;
+    GDNStateView st{};
+    st.k_heads = geo.Hk;
+    st.v_heads = geo.Hv;
+    st.k_dim = geo.Dk;
+    st.v_dim = geo.Dv;
+    st.kernel = geo.K;
+    st.channels = 2 * geo.Hk * geo.Dk + geo.Hv * geo.Dv;
+    const int64_t C = st.channels;
+    std::vector<float> conv = rng.normals(static_cast<size_t>(slots_n * C * (geo.K - 1)));
+    std::vector<float> w = rng.normals(static_cast<size_t>(C * geo.K), 0.5f);
+    std::vector<float> a_log = rng.normals(static_cast<size_t>(geo.Hv), 0.5f);
+    std::vector<float> dt_bias = rng.normals(static_cast<size_t>(geo.Hv), 0.5f);
+    const std::vector<int32_t> slots = {2, 0};
+    float* dconv = up(conv);
+    for (const std::vector<int>& lens : {std::vector<int>{1, 2}, std::vector<int>{1, 20}}) {
+      const std::vector<int32_t> cu = {0, lens[0], lens[0] + lens[1]};
+      const int T = cu[2];
+      std::vector<int32_t> positions(static_cast<size_t>(T), 0);
+      std::vector<float> qkv = rng.normals(static_cast<size_t>(T * C));
+      std::vector<float> a = rng.normals(static_cast<size_t>(T * geo.Hv), 2.0f);
+      std::vector<float> b = rng.normals(a.size(), 2.0f);
+      const size_t nq = static_cast<size_t>(T) * geo.Hk * geo.Dk;
+      const size_t nv = static_cast<size_t>(T) * geo.Hv * geo.Dv;
+      std::vector<float> co(static_cast<size_t>(T * C)), q(nq), k(nq), v(nv), g(a.size()),
+          beta(a.size());
+      SeqLayout seqs{2, T, cu.data(), positions.data(), std::max(lens[0], lens[1])};
+      st.conv = conv.data();
+      cpu->gdn_front(st, seqs, slots.data(), qkv.data(), w.data(), a.data(), b.data(), a_log.data(),
+                     dt_bias.data(), co.data(), q.data(), k.data(), v.data(), g.data(),
+                     beta.data());
+      GDNStateView dst = st;
+      dst.conv = dconv;
+      SeqLayout dseqs = seqs;
+      dseqs.cu_seqlens = up(cu);
+      dseqs.positions = up(positions);
+      float *dq = poisoned(nq), *dk = poisoned(nq), *dv = poisoned(nv);
+      float *dg = poisoned(a.size()), *db = poisoned(a.size());
+      gpu->gdn_front(dst, dseqs, up(slots), up(qkv), up(w), up(a), up(b), up(a_log), up(dt_bias),
+                     poisoned(co.size()), dq, dk, dv, dg, db);
+      const std::string d = " Dk=" + std::to_string(geo.Dk) + " K=" + std::to_string(geo.K) +
+                            " rows " + std::to_string(lens[1]);
+      expect_close(down(dq, nq), q, 1e-5, "front q" + d);
+      expect_close(down(dk, nq), k, 1e-5, "front k" + d);
+      expect_close(down(dv, nv), v, 1e-5, "front v" + d);
+      expect_close(down(dg, g.size()), g, 1e-5, "front g" + d);
+      expect_close(down(db, beta.size()), beta, 1e-5, "front beta" + d);
+      expect_close(down(dconv, conv.size()), conv, 0.0, "front conv state" + d);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tokenmill::cudatest
