@@ -20,7 +20,10 @@ namespace {
 
 constexpr int kRegDk = 128;
 
-// One thread per (sequence, channel): walks the sequence's rows in order.
+// One thread per (sequence, channel): walks the sequence's rows in order. KM1 = kernel - 1 when
+// known at compile time (Qwen3.5: 4), so the history stays in registers and the loads of
+// successive rows overlap; 0 = any kernel size (history in local memory).
+template <int KM1>
 __global__ void conv1d_silu_kernel(GDNStateView st, SeqLayout seqs, const int32_t* slots,
                                    const float* __restrict__ x, const float* __restrict__ weight,
                                    float* __restrict__ out) {
@@ -31,21 +34,40 @@ __global__ void conv1d_silu_kernel(GDNStateView st, SeqLayout seqs, const int32_
   if (c >= C) return;
   const int64_t t0 = seqs.cu_seqlens[s], L = seqs.cu_seqlens[s + 1] - t0;
   if (L <= 0) return;
-  const int K = st.kernel, Km1 = K - 1;
+  constexpr int kMax = KM1 > 0 ? KM1 : 15;
+  const int Km1 = KM1 > 0 ? KM1 : st.kernel - 1;
   float* sc = st.conv + (static_cast<int64_t>(slots[s]) * C + c) * Km1;
-  const float* w = weight + c * K;
-  float hist[16];  // the K-1 previous inputs, oldest first
-  for (int i = 0; i < Km1; ++i) hist[i] = sc[i];
+  const float* w = weight + c * (Km1 + 1);
+  float hist[kMax];  // the K-1 previous inputs, oldest first
+  float wk[kMax + 1];
+#pragma unroll
+  for (int i = 0; i < kMax; ++i) {
+    if (i < Km1) hist[i] = sc[i];
+  }
+#pragma unroll
+  for (int i = 0; i <= kMax; ++i) {
+    if (i <= Km1) wk[i] = w[i];
+  }
+#pragma unroll 4
   for (int64_t t = 0; t < L; ++t) {
     const float xt = x[(t0 + t) * C + c];
     float acc = 0.0f;
-    for (int i = 0; i < Km1; ++i) acc += w[i] * hist[i];
-    acc += w[Km1] * xt;
+#pragma unroll
+    for (int i = 0; i < kMax; ++i) {
+      if (i < Km1) acc += wk[i] * hist[i];
+    }
+    acc += wk[Km1] * xt;
     out[(t0 + t) * C + c] = silu_f(acc);
-    for (int i = 0; i + 1 < Km1; ++i) hist[i] = hist[i + 1];
+#pragma unroll
+    for (int i = 0; i + 1 < kMax; ++i) {
+      if (i + 1 < Km1) hist[i] = hist[i + 1];
+    }
     hist[Km1 - 1] = xt;
   }
-  for (int i = 0; i < Km1; ++i) sc[i] = hist[i];
+#pragma unroll
+  for (int i = 0; i < kMax; ++i) {
+    if (i < Km1) sc[i] = hist[i];
+  }
 }
 
 // The GDN front for decode and verify steps (few tokens per sequence), fused: block (s, kh)
@@ -186,20 +208,33 @@ constexpr int kParts = 4;
 constexpr int kRowsPerPart = kRegDk / kParts;
 
 constexpr int kPartsMaxThreads = 512;  // Dv <= 128
+// Tokens whose inputs (q, k, the block's v columns, decay, beta) are staged in shared memory at
+// once: a prefill chunk then waits for global memory once per 32 tokens instead of every token
+// (per token it waited for its q/k rows, v, g and beta: ~3.4 ms per layer per 512 tokens).
+constexpr int kTokChunk = 32;
+
+// Dynamic shared memory of delta_rule_parts_kernel for `cols` columns per block.
+size_t parts_smem_bytes(int Dk, int cols) {
+  return static_cast<size_t>(kTokChunk) * (2 * Dk + cols + 2) * sizeof(float);
+}
 
 __global__ void __launch_bounds__(kPartsMaxThreads) delta_rule_parts_kernel(DeltaArgs A) {
   pdl_begin();
-  extern __shared__ float sh[];  // q_t [Dk], k_t [Dk]
+  extern __shared__ float sh[];
   const int s = blockIdx.x, h = blockIdx.y;
-  // Block z holds columns [z * blockDim.x / kParts, ...) of head h.
-  const int d = blockIdx.z * (blockDim.x / kParts) + threadIdx.x / kParts;
+  // Block z holds columns [c0, c0 + cols) of head h.
+  const int cols = blockDim.x / kParts, c0 = blockIdx.z * cols;
+  const int d = c0 + threadIdx.x / kParts;
   const int part = threadIdx.x % kParts;
   const int Hv = A.st.v_heads, Hk = A.st.k_heads, Dk = A.st.k_dim, Dv = A.st.v_dim;
   const int kh = h / (Hv / Hk);
   const int64_t state_size = static_cast<int64_t>(Dk) * Dv;
   float* S = A.st.ssm + (static_cast<int64_t>(A.slots[s]) * Hv + h) * state_size;
-  float* qs = sh;
-  float* ks = sh + Dk;
+  // Staged inputs: [kTokChunk][q (Dk) | k (Dk)], [kTokChunk][cols] v, decay exp(g), beta.
+  float* qk_sh = sh;
+  float* v_sh = qk_sh + kTokChunk * 2 * Dk;
+  float* a_sh = v_sh + kTokChunk * cols;
+  float* b_sh = a_sh + kTokChunk;
   const bool active = d < Dv;
   const int rows = (Dk + kParts - 1) / kParts, i0 = part * rows;
   float col[kRowsPerPart];
@@ -210,42 +245,59 @@ __global__ void __launch_bounds__(kPartsMaxThreads) delta_rule_parts_kernel(Delt
   }
   const int64_t t0 = A.seqs.cu_seqlens[s], t1 = A.seqs.cu_seqlens[s + 1];
   const int64_t qk_stride = static_cast<int64_t>(Hk) * Dk, v_stride = static_cast<int64_t>(Hv) * Dv;
-  for (int64_t t = t0; t < t1; ++t) {
-    __syncthreads();  // previous token's q/k fully consumed
-    for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
-      qs[i] = A.q[t * qk_stride + static_cast<int64_t>(kh) * Dk + i];
-      ks[i] = A.k[t * qk_stride + static_cast<int64_t>(kh) * Dk + i];
+  for (int64_t tc = t0; tc < t1; tc += kTokChunk) {
+    const int n = static_cast<int>(t1 - tc < kTokChunk ? t1 - tc : kTokChunk);
+    __syncthreads();  // the previous chunk's inputs fully consumed
+    for (int i = threadIdx.x; i < n * Dk; i += blockDim.x) {
+      const int tt = i / Dk, j = i - tt * Dk;
+      const int64_t at = (tc + tt) * qk_stride + static_cast<int64_t>(kh) * Dk + j;
+      qk_sh[tt * 2 * Dk + j] = A.q[at];
+      qk_sh[tt * 2 * Dk + Dk + j] = A.k[at];
+    }
+    for (int i = threadIdx.x; i < n * cols; i += blockDim.x) {
+      const int tt = i / cols, c = i - tt * cols;
+      v_sh[i] =
+          c0 + c < Dv ? A.v[(tc + tt) * v_stride + static_cast<int64_t>(h) * Dv + c0 + c] : 0.0f;
+    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      a_sh[i] = expf(A.g[(tc + i) * Hv + h]);
+      b_sh[i] = A.beta[(tc + i) * Hv + h];
     }
     __syncthreads();
-    const float a = expf(A.g[t * Hv + h]), bt = A.beta[t * Hv + h];
-    const float vt = active ? A.v[t * v_stride + static_cast<int64_t>(h) * Dv + d] : 0.0f;
-    float kS = 0.0f;
+    for (int tt = 0; tt < n; ++tt) {
+      const int64_t t = tc + tt;
+      const float* qs = qk_sh + tt * 2 * Dk;
+      const float* ks = qs + Dk;
+      const float a = a_sh[tt], bt = b_sh[tt];
+      const float vt = v_sh[tt * cols + threadIdx.x / kParts];
+      float kS = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kRowsPerPart; ++j) {
-      const int i = i0 + j;
-      if (j < rows && i < Dk) {
-        col[j] *= a;
-        kS += ks[i] * col[j];
+      for (int j = 0; j < kRowsPerPart; ++j) {
+        const int i = i0 + j;
+        if (j < rows && i < Dk) {
+          col[j] *= a;
+          kS += ks[i] * col[j];
+        }
       }
-    }
-    // The parts of a column are adjacent lanes: all lanes take part in the shuffles.
-    kS += __shfl_xor_sync(0xffffffffu, kS, 1);
-    kS += __shfl_xor_sync(0xffffffffu, kS, 2);
-    const float delta = bt * (vt - kS);
-    float o = 0.0f;
-    float* step = A.steps ? A.steps + (t * Hv + h) * state_size : nullptr;
+      // The parts of a column are adjacent lanes: all lanes take part in the shuffles.
+      kS += __shfl_xor_sync(0xffffffffu, kS, 1);
+      kS += __shfl_xor_sync(0xffffffffu, kS, 2);
+      const float delta = bt * (vt - kS);
+      float o = 0.0f;
+      float* step = A.steps ? A.steps + (t * Hv + h) * state_size : nullptr;
 #pragma unroll
-    for (int j = 0; j < kRowsPerPart; ++j) {
-      const int i = i0 + j;
-      if (j < rows && i < Dk) {
-        col[j] += ks[i] * delta;
-        o += qs[i] * col[j];
-        if (step && active) step[static_cast<int64_t>(i) * Dv + d] = col[j];
+      for (int j = 0; j < kRowsPerPart; ++j) {
+        const int i = i0 + j;
+        if (j < rows && i < Dk) {
+          col[j] += ks[i] * delta;
+          o += qs[i] * col[j];
+          if (step && active) step[static_cast<int64_t>(i) * Dv + d] = col[j];
+        }
       }
+      o += __shfl_xor_sync(0xffffffffu, o, 1);
+      o += __shfl_xor_sync(0xffffffffu, o, 2);
+      if (active && part == 0) A.out[t * v_stride + static_cast<int64_t>(h) * Dv + d] = o;
     }
-    o += __shfl_xor_sync(0xffffffffu, o, 1);
-    o += __shfl_xor_sync(0xffffffffu, o, 2);
-    if (active && part == 0) A.out[t * v_stride + static_cast<int64_t>(h) * Dv + d] = o;
   }
   if (active) {
 #pragma unroll
@@ -268,8 +320,13 @@ void CudaBackend::conv1d_silu(const GDNStateView& st, const SeqLayout& seqs, con
   TM_CUDA_REQUIRE(seqs.n_seqs <= 65535, "conv1d_silu: too many sequences");
   if (seqs.n_seqs <= 0 || st.channels <= 0) return;
   const dim3 grid(cuda::blocks_for(st.channels, 128), static_cast<unsigned>(seqs.n_seqs));
-  cuda::launch_pdl(cuda::conv1d_silu_kernel, grid, 128, 0, stream_, st, seqs, slots, x, weight,
-                   out);
+  if (st.kernel == 4) {
+    cuda::launch_pdl(cuda::conv1d_silu_kernel<3>, grid, 128, 0, stream_, st, seqs, slots, x, weight,
+                     out);
+  } else {
+    cuda::launch_pdl(cuda::conv1d_silu_kernel<0>, grid, 128, 0, stream_, st, seqs, slots, x, weight,
+                     out);
+  }
   TM_CUDA_LAUNCHED();
 }
 
@@ -293,7 +350,8 @@ void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs
     const int pthreads = std::min((st.v_dim * cuda::kParts + 31) / 32 * 32, 128);
     const int col_blocks = (st.v_dim * cuda::kParts + pthreads - 1) / pthreads;
     const dim3 pgrid(grid.x, grid.y, static_cast<unsigned>(col_blocks));
-    cuda::launch_pdl(cuda::delta_rule_parts_kernel, pgrid, pthreads, smem, stream_, a);
+    cuda::launch_pdl(cuda::delta_rule_parts_kernel, pgrid, pthreads,
+                     cuda::parts_smem_bytes(st.k_dim, pthreads / cuda::kParts), stream_, a);
   } else {
     cuda::launch_pdl(cuda::delta_rule_kernel, grid, threads, smem, stream_, a);
   }
