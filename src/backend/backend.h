@@ -186,6 +186,30 @@ class Backend {
   // token i goes to position positions[i] of its sequence (found through seqs.cu_seqlens).
   virtual void kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                          const float* k, const float* v) = 0;
+  // The attention layer's front. qp is q_proj's output [n_tokens, heads * head_dim * (gated ?
+  // 2 : 1)], per head [query | gate] when gated; q gets the queries [n_tokens, heads, head_dim]
+  // (qp may be q when not gated) and gate the gates (gated only). q and k ([n_tokens, kv_heads,
+  // head_dim], in place) are RMS-normalised per head (q_norm, k_norm, eps) and rotated (rope
+  // at seqs.positions), then k and v are appended to the cache. The default runs copy_rows,
+  // rmsnorm, rope and kv_append one by one; a backend may fuse them (within F32 rounding).
+  virtual void attention_front(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
+                               const float* qp, bool gated, const float* q_norm,
+                               const float* k_norm, float eps, int heads, int rot_dim, float theta,
+                               float* q, float* gate, float* k, const float* v) {
+    const int D = kv.head_dim, T = seqs.n_tokens;
+    const int64_t QD = int64_t{heads} * D;
+    if (gated) {
+      copy_rows(qp, 2 * D, q, D, int64_t{T} * heads, D);
+      copy_rows(qp + D, 2 * D, gate, D, int64_t{T} * heads, D);
+    } else if (qp != q) {
+      copy_rows(qp, QD, q, QD, T, QD);
+    }
+    rmsnorm(q, q_norm, q, int64_t{T} * heads, D, eps);
+    rmsnorm(k, k_norm, k, int64_t{T} * kv.kv_heads, D, eps);
+    rope(q, seqs.positions, T, heads, D, QD, rot_dim, theta);
+    rope(k, seqs.positions, T, kv.kv_heads, D, int64_t{kv.kv_heads} * D, rot_dim, theta);
+    kv_append(kv, paging, seqs, k, v);
+  }
   // Attention may use a caller-provided workspace (backend memory) for split-context decoding.
   // attention_workspace_floats says how much a call of this size wants (0: none);
   // set_attention_workspace hands it over until the next call of it. A call whose workspace is

@@ -112,6 +112,17 @@ void ProfilingBackend::gdn_gates(const float* a, const float* b, const float* a_
   timed("gdn_gates", n, [&] { in_.gdn_gates(a, b, a_log, dt_bias, g, beta, n, heads); });
 }
 
+void ProfilingBackend::attention_front(const KVLayerView& kv, const KVPaging& paging,
+                                       const SeqLayout& seqs, const float* qp, bool gated,
+                                       const float* q_norm, const float* k_norm, float eps,
+                                       int heads, int rot_dim, float theta, float* q, float* gate,
+                                       float* k, const float* v) {
+  timed("attention_front", seqs.n_tokens, [&] {
+    in_.attention_front(kv, paging, seqs, qp, gated, q_norm, k_norm, eps, heads, rot_dim, theta, q,
+                        gate, k, v);
+  });
+}
+
 void ProfilingBackend::gdn_front(const GDNStateView& st, const SeqLayout& seqs,
                                  const int32_t* slots, const float* qkv, const float* conv_weight,
                                  const float* a, const float* b, const float* a_log,

@@ -346,7 +346,7 @@ void Model::run_layers(const CacheViews& caches, int T, int R, bool keep_step_st
 
 void Model::attention_block(const LayerWeights& L, int kv_index, const CacheViews& caches, int T) {
   Scratch& s = *s_;
-  const int Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+  const int Hq = cfg_.num_heads, D = cfg_.head_dim;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const AttentionWeights& A = L.attn;
   const int64_t QD = int64_t{Hq} * D;
@@ -355,18 +355,12 @@ void Model::attention_block(const LayerWeights& L, int kv_index, const CacheView
     float* outs[] = {cfg_.attn_output_gate ? s.qg : s.q, s.k, s.v};
     backend_.linear_multi(s.h, T, ws, outs, 3);
   }
-  if (cfg_.attn_output_gate) {
-    // q_proj rows per head: [query (D) | gate (D)].
-    backend_.copy_rows(s.qg, 2 * D, s.q, D, int64_t{T} * Hq, D);
-    backend_.copy_rows(s.qg + D, 2 * D, s.gate, D, int64_t{T} * Hq, D);
-  }
-  backend_.rmsnorm(s.q, A.q_norm.data, s.q, int64_t{T} * Hq, D, eps);
-  backend_.rmsnorm(s.k, A.k_norm.data, s.k, int64_t{T} * Hkv, D, eps);
-  const float theta = static_cast<float>(cfg_.rope_theta);
-  backend_.rope(s.q, s.positions, T, Hq, D, QD, cfg_.rotary_dim, theta);
-  backend_.rope(s.k, s.positions, T, Hkv, D, int64_t{Hkv} * D, cfg_.rotary_dim, theta);
   const KVLayerView& kv = caches.kv[kv_index];
-  backend_.kv_append(kv, s.paging, s.seqs, s.k, s.v);
+  // q_proj rows per head, gated: [query (D) | gate (D)].
+  const bool gated = cfg_.attn_output_gate;
+  backend_.attention_front(kv, s.paging, s.seqs, gated ? s.qg : s.q, gated, A.q_norm.data,
+                           A.k_norm.data, eps, Hq, cfg_.rotary_dim,
+                           static_cast<float>(cfg_.rope_theta), s.q, s.gate, s.k, s.v);
   backend_.attention(kv, s.paging, s.seqs, s.q, Hq, 1.0f / std::sqrt(static_cast<float>(D)), s.o);
   if (cfg_.attn_output_gate) backend_.sigmoid_mul(s.o, s.gate, T * QD);
   backend_.linear(s.o, T, A.o_proj, s.mix);

@@ -4,6 +4,8 @@
 // end. head_dim <= 256 (8 values per lane).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_common.cuh"
 
@@ -37,6 +39,78 @@ __global__ void kv_append_kernel(KVLayerView kv, KVPaging pg, SeqLayout seqs,
   for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
     kv.k[cp * row + i] = k[t * row + i];
     kv.v[cp * row + i] = v[t * row + i];
+  }
+}
+
+// The attention front fused (Backend::attention_front): block (t, h) takes query head h of
+// token t, or kv head h - heads: its row into shared memory (a gated query head also copies its
+// gate out), RMS norm, NeoX rotation of the first rot_dim dims, the write, and for a kv head
+// the append of k and v to the cache slot. Seven launches per attention layer become one.
+struct AttnFrontArgs {
+  KVLayerView kv;
+  KVPaging pg;
+  SeqLayout seqs;
+  const float *qp, *q_norm, *k_norm, *v;
+  float *q, *gate, *k;
+  int heads, half, rot_dim;
+  bool gated;
+  float eps;
+};
+
+__global__ void attention_front_kernel(AttnFrontArgs A, RopeFreqs f) {
+  pdl_begin();
+  extern __shared__ float row[];  // [head_dim]
+  __shared__ float red[32];
+  const int t = blockIdx.x, h = blockIdx.y;
+  const int D = A.kv.head_dim, kvh = A.kv.kv_heads;
+  const bool is_q = h < A.heads;
+  const int hk = h - A.heads;
+  const float* src;
+  float* dst;
+  const float* w;
+  if (is_q) {
+    src = A.qp + (static_cast<int64_t>(t) * A.heads + h) * D * (A.gated ? 2 : 1);
+    dst = A.q + (static_cast<int64_t>(t) * A.heads + h) * D;
+    w = A.q_norm;
+  } else {
+    dst = A.k + (static_cast<int64_t>(t) * kvh + hk) * D;
+    src = dst;
+    w = A.k_norm;
+  }
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    const float x = src[i];
+    row[i] = x;
+    ss += x * x;
+    if (is_q && A.gated) A.gate[(static_cast<int64_t>(t) * A.heads + h) * D + i] = src[D + i];
+  }
+  const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(D) + A.eps);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) row[i] = row[i] * inv * w[i];
+  __syncthreads();
+  int64_t cp = -1;
+  if (!is_q) {
+    const int s = seq_of(A.seqs.cu_seqlens, A.seqs.n_seqs, t);
+    if (s >= 0) {
+      cp = cache_pos(A.pg.block_tables, A.pg.max_blocks_per_seq, A.kv.block_size, s,
+                     A.seqs.positions[t]);
+    }
+  }
+  const float pos = static_cast<float>(A.seqs.positions[t]);
+  const int64_t cache_row = static_cast<int64_t>(kvh) * D;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    float y = row[i];
+    if (i < A.rot_dim) {
+      const int j = i < A.half ? i : i - A.half;
+      float sn, cs;
+      sincosf(pos * f.inv[j], &sn, &cs);
+      y = i < A.half ? row[i] * cs - row[i + A.half] * sn : row[i] * cs + row[j] * sn;
+    }
+    dst[i] = y;
+    if (cp >= 0) {
+      A.kv.k[cp * cache_row + static_cast<int64_t>(hk) * D + i] = y;
+      A.kv.v[cp * cache_row + static_cast<int64_t>(hk) * D + i] =
+          A.v[(static_cast<int64_t>(t) * kvh + hk) * D + i];
+    }
   }
 }
 
@@ -323,6 +397,29 @@ void CudaBackend::kv_append(const KVLayerView& kv, const KVPaging& paging, const
   if (seqs.n_tokens <= 0) return;
   cuda::launch_pdl(cuda::kv_append_kernel, static_cast<unsigned>(seqs.n_tokens), 128, 0, stream_,
                    kv, paging, seqs, k, v);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::attention_front(const KVLayerView& kv, const KVPaging& paging,
+                                  const SeqLayout& seqs, const float* qp, bool gated,
+                                  const float* q_norm, const float* k_norm, float eps, int heads,
+                                  int rot_dim, float theta, float* q, float* gate, float* k,
+                                  const float* v) {
+  const int D = kv.head_dim;
+  if (D < 1 || D > 1024 || rot_dim % 2 != 0 || rot_dim > D || heads + kv.kv_heads > 65535 ||
+      (!gated && qp != q)) {
+    Backend::attention_front(kv, paging, seqs, qp, gated, q_norm, k_norm, eps, heads, rot_dim,
+                             theta, q, gate, k, v);
+    return;
+  }
+  if (seqs.n_tokens <= 0) return;
+  const cuda::AttnFrontArgs a{kv,   paging, seqs,  qp,          q_norm,  k_norm, v,  q,
+                              gate, k,      heads, rot_dim / 2, rot_dim, gated,  eps};
+  const dim3 grid(static_cast<unsigned>(seqs.n_tokens), static_cast<unsigned>(heads + kv.kv_heads));
+  const int threads = std::min(256, (D + 31) / 32 * 32);
+  cuda::launch_pdl(cuda::attention_front_kernel, grid, threads,
+                   static_cast<size_t>(D) * sizeof(float), stream_, a,
+                   cuda::rope_freqs(theta, rot_dim));
   TM_CUDA_LAUNCHED();
 }
 

@@ -102,6 +102,10 @@ class CudaBackend final : public Backend {
                         const float* beta, float* out, float* step_states) override;
   void gdn_gates(const float* a, const float* b, const float* a_log, const float* dt_bias, float* g,
                  float* beta, int64_t n, int heads) override;
+  void attention_front(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
+                       const float* qp, bool gated, const float* q_norm, const float* k_norm,
+                       float eps, int heads, int rot_dim, float theta, float* q, float* gate,
+                       float* k, const float* v) override;
   void gdn_front(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
                  const float* qkv, const float* conv_weight, const float* a, const float* b,
                  const float* a_log, const float* dt_bias, float* conv_out, float* q, float* k,

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "backend/backend.h"
@@ -248,6 +249,19 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   TM_CUDA(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+// The CPU's F32 inverse rotary frequencies (computed on the host with std::pow, so large
+// positions round exactly as there), passed to kernels by value. rot_dim <= 1024.
+struct RopeFreqs {
+  float inv[512];
+};
+inline RopeFreqs rope_freqs(float theta, int rot_dim) {
+  RopeFreqs f{};
+  for (int i = 0; i < rot_dim / 2; ++i) {
+    f.inv[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(rot_dim));
+  }
+  return f;
 }
 
 inline unsigned blocks_for(int64_t n, int threads) {

@@ -198,12 +198,6 @@ __global__ void gdn_gates_kernel(const float* __restrict__ a, const float* __res
   }
 }
 
-// The CPU's F32 inverse frequencies (computed on the host with std::pow, so large positions
-// round exactly as there), passed by value.
-struct RopeFreqs {
-  float inv[512];
-};
-
 __global__ void rope_kernel(float* x, const int32_t* __restrict__ positions, int heads,
                             int head_dim, int64_t token_stride, int half, RopeFreqs f) {
   pdl_begin();
@@ -381,10 +375,7 @@ void CudaBackend::rope(float* x, const int32_t* positions, int n_tokens, int hea
                   "rope: rot_dim must be even, <= head_dim and <= 1024");
   if (n_tokens <= 0 || rot_dim == 0) return;
   const int half = rot_dim / 2;
-  cuda::RopeFreqs f{};
-  for (int i = 0; i < half; ++i) {
-    f.inv[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(rot_dim));
-  }
+  const cuda::RopeFreqs f = cuda::rope_freqs(theta, rot_dim);
   const int threads = heads * half >= 256 ? 256 : 64;
   cuda::launch_pdl(cuda::rope_kernel, static_cast<unsigned>(n_tokens), threads, 0, stream_, x,
                    positions, heads, head_dim, token_stride, half, f);

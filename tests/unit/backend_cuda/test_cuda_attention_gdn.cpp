@@ -87,6 +87,67 @@ TEST_F(CudaAttention, PagedCausalGqaTwoSteps) {
   }
 }
 
+// attention_front, fused on CUDA: gated and plain q_proj rows, partial and full rotation,
+// tokens of two sequences at scattered positions; q, gate, k and both caches against the CPU's
+// op-by-op form (the v cache exactly: copies).
+TEST_F(CudaAttention, FrontMatchesCpu) {
+  Rng rng(25);
+  struct Geo {
+    int D, rot;
+    bool gated;
+  };
+  for (Geo geo : {Geo{256, 64, true}, Geo{128, 128, false}, Geo{40, 20, true}}) {
+    const int D = geo.D, block_size = 16, kv_heads = 2, heads = 6, max_blocks = 8, blocks = 20;
+    const int64_t row = int64_t{kv_heads} * D;
+    const size_t cache_n = static_cast<size_t>(blocks) * block_size * row;
+    std::vector<float> kc = rng.normals(cache_n), vc = rng.normals(cache_n);
+    float* dkc = up(kc);  // the device caches start as the CPU's
+    float* dvc = up(vc);
+    std::vector<int32_t> tables(static_cast<size_t>(2) * max_blocks, -1);
+    for (int b = 0; b < max_blocks; ++b) {
+      tables[static_cast<size_t>(b)] = 2 * b + 1;
+      tables[static_cast<size_t>(max_blocks + b)] = 2 * b;
+    }
+    const std::vector<int32_t> cu = {0, 1, 4}, positions = {37, 5, 6, 100}, ctx = {38, 101};
+    const int T = 4;
+    const int64_t qp_cols = int64_t{heads} * D * (geo.gated ? 2 : 1);
+    const size_t nq = static_cast<size_t>(T) * heads * D;
+    std::vector<float> qp = rng.normals(static_cast<size_t>(T * qp_cols), 3.0f);
+    std::vector<float> k = rng.normals(static_cast<size_t>(T * row), 3.0f);
+    std::vector<float> v = rng.normals(k.size());
+    std::vector<float> qn = rng.normals(static_cast<size_t>(D), 0.5f);
+    std::vector<float> kn = rng.normals(static_cast<size_t>(D), 0.5f);
+    SeqLayout seqs{2, T, cu.data(), positions.data(), 3};
+    KVPaging pg{tables.data(), max_blocks, ctx.data(), 101};
+    KVLayerView kv{kc.data(), vc.data(), block_size, kv_heads, D};
+    // Plain rows are normalised in place (qp is q); gated rows are split into q and gate.
+    std::vector<float> qw = qp, q(geo.gated ? nq : 0), gate(q.size()), kw = k;
+    float* q_cpu = geo.gated ? q.data() : qw.data();
+    cpu->attention_front(kv, pg, seqs, qw.data(), geo.gated, qn.data(), kn.data(), 1e-6f, heads,
+                         geo.rot, 1e6f, q_cpu, geo.gated ? gate.data() : nullptr, kw.data(),
+                         v.data());
+    SeqLayout dseqs = seqs;
+    dseqs.cu_seqlens = up(cu);
+    dseqs.positions = up(positions);
+    KVPaging dpg = pg;
+    dpg.block_tables = up(tables);
+    dpg.context_lens = up(ctx);
+    KVLayerView dkv{dkc, dvc, block_size, kv_heads, D};
+    float* dqp = up(qp);
+    float* dq = geo.gated ? poisoned(nq) : dqp;
+    float* dgate = geo.gated ? poisoned(nq) : nullptr;
+    float* dk = up(k);
+    gpu->attention_front(dkv, dpg, dseqs, dqp, geo.gated, up(qn), up(kn), 1e-6f, heads, geo.rot,
+                         1e6f, dq, dgate, dk, up(v));
+    const std::string d = " D=" + std::to_string(D) + (geo.gated ? " gated" : "");
+    expect_close(down(dq, nq), std::vector<float>(q_cpu, q_cpu + nq), 1e-5, "front q" + d);
+    if (geo.gated) expect_close(down(dgate, nq), gate, 0.0, "front gate" + d);
+    expect_close(down(dk, kw.size()), kw, 1e-5, "front k" + d);
+    expect_close(down(dkc, cache_n), kc, 1e-5, "front k cache" + d);
+    EXPECT_EQ(down(dvc, cache_n), vc) << "front v cache" << d;
+  }
+}
+
 class CudaGdn : public CudaVsCpu {};
 
 TEST_F(CudaGdn, ConvContinuesState) {
