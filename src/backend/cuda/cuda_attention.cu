@@ -193,15 +193,23 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 }
 
 // ---- split-context decoding (few query rows, long contexts) ----
-// Grid (split, kv head, query row). A block takes the GQA group of one kv head (r query heads
-// share each K/V read) over a range of kSplitPositions positions; each warp scores a tile of 32
-// positions (lane = position) against the group's queries from shared memory, updates its
-// online softmax, then accumulates V rows (lane = 8 of the head dims). Warps merge in shared
-// memory and the block writes (m, l, acc) per head to the workspace; a second kernel combines
-// the splits of each (row, head).
-constexpr int kSplitPositions = 128;
+// Grid (split, kv head, query row). A block takes the GQA group of one kv head (R query heads
+// share each K/V read) over one split of `positions` positions, a quarter of them per warp.
+// Lane owns head dims c*128 + 4*lane + u (c < D/128, u < 4) of the queries, the K and V rows
+// and the accumulators, so every K/V load is a coalesced 512-byte warp read. A warp takes
+// kSplitStep positions at a time: their K and V rows load together (16 loads in flight per
+// lane), scores are warp sums, and one online-softmax update covers the step. Warps merge in
+// shared memory and the block writes (acc, m, l) per head to the workspace; a second kernel
+// combines the splits of each (row, head).
+//
+// Why this shape: decode attention reads the cache once and computes little, so it is bound by
+// loads in flight. A lane-per-position layout (each lane walking its own K row, 64 dependent
+// 16-byte loads) took 54 us per layer at a 64-position context on the H200, one SM per 128
+// positions.
 constexpr int kMaxGroup = 8;        // query heads per kv head
 constexpr int kSplitBudget = 2048;  // query rows x splits: bounds the workspace
+constexpr int kMaxSplits = 256;     // per query row
+constexpr int kSplitStep = 4;       // positions per warp step
 
 struct SplitArgs {
   KVLayerView kv;
@@ -210,100 +218,96 @@ struct SplitArgs {
   const float* q;
   int heads;
   float scale;
-  int splits;
-  float* ws;  // [n_tokens, heads, splits] x (D + 2): acc[D], m, l
+  int splits, positions;  // splits of `positions` positions (a multiple of 4 * kSplitStep)
+  float* ws;              // [n_tokens, heads, splits] x (D + 2): acc[D], m, l
 };
 
 template <int R>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitArgs a) {
   pdl_begin();
-  constexpr int kDimsPerLane = 8;  // D <= 256: lane owns dims lane*4 + 128*i, i < D/128
-  __shared__ __align__(16) float qs[R][256];
-  __shared__ float ps[kAttnWarps][R][32];
+  constexpr int kDims = 8;  // per lane: D <= 256
   __shared__ float wm[kAttnWarps][R], wl[kAttnWarps][R];
-  __shared__ float wacc[kAttnWarps][R][256];
+  __shared__ __align__(16) float wacc[kAttnWarps][R][256];
   const int sp = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int D = a.kv.head_dim, chunks = D / 128;
   const int s = seq_of(a.seqs.cu_seqlens, a.seqs.n_seqs, t);
   const int64_t pos = s < 0 ? -1 : a.seqs.positions[t];
-  const int64_t begin = static_cast<int64_t>(sp) * kSplitPositions;
-  const int64_t end = pos + 1 < begin + kSplitPositions ? pos + 1 : begin + kSplitPositions;
   const bool valid = s >= 0 && pos >= 0 && pos < a.pg.context_lens[s];
-  for (int i = threadIdx.x; i < R * D; i += blockDim.x) {
-    const int h = i / D, d = i % D;
-    qs[h][d] = valid ? a.q[(static_cast<int64_t>(t) * a.heads + kvh * R + h) * D + d] : 0.0f;
-  }
-  __syncthreads();
+  const int per_warp = a.positions / kAttnWarps;
+  const int64_t begin = static_cast<int64_t>(sp) * a.positions + warp * per_warp;
+  const int64_t end = pos + 1 < begin + per_warp ? pos + 1 : begin + per_warp;
   const int64_t row = static_cast<int64_t>(a.kv.kv_heads) * D;
-  float m[R], l[R], acc[R][kDimsPerLane];
+  float q[R][kDims], m[R], l[R], acc[R][kDims];
 #pragma unroll
   for (int h = 0; h < R; ++h) {
     m[h] = -INFINITY;
     l[h] = 0.0f;
+    const float* qh = a.q + (static_cast<int64_t>(t) * a.heads + kvh * R + h) * D + 4 * lane;
 #pragma unroll
-    for (int i = 0; i < kDimsPerLane; ++i) acc[h][i] = 0.0f;
+    for (int c = 0; c < kDims / 4; ++c) {
+      const float4 v = valid && c < chunks ? *reinterpret_cast<const float4*>(qh + c * 128)
+                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      q[h][4 * c] = v.x, q[h][4 * c + 1] = v.y, q[h][4 * c + 2] = v.z, q[h][4 * c + 3] = v.w;
+      acc[h][4 * c] = acc[h][4 * c + 1] = acc[h][4 * c + 2] = acc[h][4 * c + 3] = 0.0f;
+    }
   }
   bool bad = !valid;
-  for (int64_t p0 = begin + warp * 32; valid && p0 < end; p0 += kAttnWarps * 32) {
-    const int64_t p = p0 + lane;
-    int64_t cp = -1;
-    float sc[R];
-    if (p < end) {
-      cp = cache_pos(a.pg.block_tables, a.pg.max_blocks_per_seq, a.kv.block_size, s, p);
-      if (cp < 0) bad = true;
-    }
+  for (int64_t p0 = begin; valid && p0 < end; p0 += kSplitStep) {
+    int64_t cp[kSplitStep];
+    float4 k4[kSplitStep][kDims / 4], v4[kSplitStep][kDims / 4];
 #pragma unroll
-    for (int h = 0; h < R; ++h) sc[h] = 0.0f;
-    if (cp >= 0) {
-      const float4* kp =
-          reinterpret_cast<const float4*>(a.kv.k + cp * row + static_cast<int64_t>(kvh) * D);
-      // Unrolled so that eight 16-byte loads of the lane's K row are in flight at once (rolled,
-      // each waited a full memory round trip: ~65 us per layer at a 64-position context).
-#pragma unroll 8
-      for (int c = 0; c < D / 4; ++c) {
-        const float4 kv4 = kp[c];
+    for (int j = 0; j < kSplitStep; ++j) {
+      cp[j] = -1;
+      if (p0 + j < end) {
+        cp[j] = cache_pos(a.pg.block_tables, a.pg.max_blocks_per_seq, a.kv.block_size, s, p0 + j);
+        bad |= cp[j] < 0;
+      }
 #pragma unroll
-        for (int h = 0; h < R; ++h) {
-          const float4 q4 = reinterpret_cast<const float4*>(qs[h])[c];
-          sc[h] += q4.x * kv4.x + q4.y * kv4.y + q4.z * kv4.z + q4.w * kv4.w;
+      for (int c = 0; c < kDims / 4; ++c) {
+        k4[j][c] = v4[j][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (cp[j] >= 0 && c < chunks) {
+          const int64_t off = cp[j] * row + static_cast<int64_t>(kvh) * D + c * 128 + 4 * lane;
+          k4[j][c] = *reinterpret_cast<const float4*>(a.kv.k + off);
+          v4[j][c] = *reinterpret_cast<const float4*>(a.kv.v + off);
         }
       }
     }
 #pragma unroll
     for (int h = 0; h < R; ++h) {
-      const float x = cp >= 0 ? sc[h] * a.scale : -INFINITY;
-      const float mn = fmaxf(m[h], warp_max(x));  // finite: lane 0's position is in range
-      const float c = expf(m[h] - mn);
-      const float e = cp >= 0 ? expf(x - mn) : 0.0f;
-      l[h] = l[h] * c + warp_sum(e);
+      float x[kSplitStep];
+      float mn = m[h];
 #pragma unroll
-      for (int i = 0; i < kDimsPerLane; ++i) acc[h][i] *= c;
-      m[h] = mn;
-      ps[warp][h][lane] = e;
-    }
-    __syncwarp();
-    const int n_here = static_cast<int>(end - p0 < 32 ? end - p0 : 32);
-#pragma unroll 4
-    for (int j = 0; j < n_here; ++j) {
-      const long long cpj = __shfl_sync(0xffffffffu, static_cast<long long>(cp), j);
-      if (cpj < 0) continue;
-      const float* vp = a.kv.v + cpj * row + static_cast<int64_t>(kvh) * D;
+      for (int j = 0; j < kSplitStep; ++j) {
+        float d = 0.0f;
 #pragma unroll
-      for (int c = 0; c < kDimsPerLane / 4; ++c) {
-        if (c >= chunks) break;
-        const float4 v4 = *reinterpret_cast<const float4*>(vp + c * 128 + lane * 4);
+        for (int c = 0; c < kDims / 4; ++c) {
+          d += q[h][4 * c] * k4[j][c].x + q[h][4 * c + 1] * k4[j][c].y +
+               q[h][4 * c + 2] * k4[j][c].z + q[h][4 * c + 3] * k4[j][c].w;
+        }
+        d = warp_sum(d);  // every lane: cp[j] is the same across the warp
+        x[j] = cp[j] >= 0 ? d * a.scale : -INFINITY;
+        mn = fmaxf(mn, x[j]);
+      }
+      if (mn == -INFINITY) continue;  // no position of this step is in the cache
+      const float f = expf(m[h] - mn);
+      l[h] *= f;
 #pragma unroll
-        for (int h = 0; h < R; ++h) {
-          const float w = ps[warp][h][j];
-          acc[h][4 * c] += w * v4.x;
-          acc[h][4 * c + 1] += w * v4.y;
-          acc[h][4 * c + 2] += w * v4.z;
-          acc[h][4 * c + 3] += w * v4.w;
+      for (int i = 0; i < kDims; ++i) acc[h][i] *= f;
+#pragma unroll
+      for (int j = 0; j < kSplitStep; ++j) {
+        const float e = expf(x[j] - mn);  // 0 for positions outside the cache
+        l[h] += e;
+#pragma unroll
+        for (int c = 0; c < kDims / 4; ++c) {
+          acc[h][4 * c] += e * v4[j][c].x;
+          acc[h][4 * c + 1] += e * v4[j][c].y;
+          acc[h][4 * c + 2] += e * v4[j][c].z;
+          acc[h][4 * c + 3] += e * v4[j][c].w;
         }
       }
+      m[h] = mn;
     }
-    __syncwarp();
   }
   bad = __any_sync(0xffffffffu, bad);
 #pragma unroll
@@ -313,10 +317,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitA
       wl[warp][h] = l[h];
     }
 #pragma unroll
-    for (int c = 0; c < kDimsPerLane / 4; ++c) {
+    for (int c = 0; c < kDims / 4; ++c) {
       if (c >= chunks) break;
-#pragma unroll
-      for (int u = 0; u < 4; ++u) wacc[warp][h][c * 128 + lane * 4 + u] = acc[h][4 * c + u];
+      *reinterpret_cast<float4*>(&wacc[warp][h][c * 128 + 4 * lane]) =
+          make_float4(acc[h][4 * c], acc[h][4 * c + 1], acc[h][4 * c + 2], acc[h][4 * c + 3]);
     }
   }
   __syncthreads();
@@ -372,11 +376,23 @@ __global__ void attention_combine_kernel(const float* __restrict__ ws, int split
   }
 }
 
-// Splits for a context capacity (the block-table width in positions): fixed for a recorded
-// decode step, whatever the sequences' current lengths.
-int split_count(int context_capacity) {
-  const int splits = (context_capacity + kSplitPositions - 1) / kSplitPositions;
-  return splits < 1 ? 1 : splits;
+// Positions per split for a context capacity (the block-table width in positions) and a number
+// of query rows: fixed for a recorded decode step, whatever the sequences' current lengths. The
+// smallest power-of-two multiple of 32 that keeps the splits within kMaxSplits per row and the
+// workspace within kSplitBudget rows x splits (0: the workspace cannot hold this many rows).
+int split_positions(int context_capacity, int n_tokens) {
+  const int64_t cap = context_capacity < 1 ? 1 : context_capacity;
+  for (int64_t p = 32; p <= (int64_t{1} << 30); p *= 2) {
+    const int64_t splits = (cap + p - 1) / p;
+    if (splits <= kMaxSplits && splits * n_tokens <= kSplitBudget) return static_cast<int>(p);
+    if (splits == 1) break;
+  }
+  return 0;
+}
+
+int split_count(int context_capacity, int positions) {
+  return static_cast<int>((int64_t{context_capacity < 1 ? 1 : context_capacity} + positions - 1) /
+                          positions);
 }
 
 }  // namespace
@@ -387,8 +403,9 @@ namespace tokenmill {
 size_t CudaBackend::attention_workspace_floats(int n_tokens, int heads, int head_dim,
                                                int context_capacity) const {
   if (n_tokens <= 0 || n_tokens > 64 || head_dim % 128 != 0 || head_dim > 256) return 0;
-  const int splits = cuda::split_count(context_capacity);
-  if (static_cast<int64_t>(splits) * n_tokens > cuda::kSplitBudget) return 0;
+  const int positions = cuda::split_positions(context_capacity, n_tokens);
+  if (positions == 0) return 0;
+  const int splits = cuda::split_count(context_capacity, positions);
   return static_cast<size_t>(n_tokens) * heads * splits * (head_dim + 2);
 }
 
@@ -438,7 +455,10 @@ void CudaBackend::attention(const KVLayerView& kv, const KVPaging& paging, const
   const int capacity = paging.max_blocks_per_seq * kv.block_size;
   const size_t need = attention_workspace_floats(seqs.n_tokens, heads, kv.head_dim, capacity);
   if (need > 0 && need <= attn_ws_floats_ && attn_ws_ != nullptr && r <= cuda::kMaxGroup) {
-    cuda::SplitArgs a{kv, paging, seqs, q, heads, scale, cuda::split_count(capacity), attn_ws_};
+    const int positions = cuda::split_positions(capacity, seqs.n_tokens);
+    const cuda::SplitArgs a{
+        kv,        paging,  seqs, q, heads, scale, cuda::split_count(capacity, positions),
+        positions, attn_ws_};
     const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(kv.kv_heads),
                     static_cast<unsigned>(seqs.n_tokens));
     const int threads = cuda::kAttnWarps * 32;

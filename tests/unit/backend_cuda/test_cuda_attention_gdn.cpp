@@ -16,8 +16,10 @@ class CudaAttention : public CudaVsCpu {};
 
 TEST_F(CudaAttention, PagedCausalGqaTwoSteps) {
   Rng rng(21);
-  for (int D : {20, 128, 256}) {
-    const int block_size = 16, kv_heads = 2, heads = 6, max_blocks = 16, num_blocks = 40;
+  // A wide block table (600 blocks of 16) makes the split kernel use longer splits, mostly past
+  // the contexts.
+  for (const auto& [D, max_blocks] : {std::pair{20, 16}, {128, 16}, {256, 16}, {128, 600}}) {
+    const int block_size = 16, kv_heads = 2, heads = 6, num_blocks = 40;
     const int64_t row = int64_t{kv_heads} * D;
     const size_t cache_n = static_cast<size_t>(num_blocks) * block_size * row;
     std::vector<float> kc = rng.normals(cache_n), vc = rng.normals(cache_n);
