@@ -274,7 +274,7 @@ struct Q4TileDot {
   __device__ __forceinline__ void run(int k0, float (&tot)[CB][2]) const {
 #pragma unroll
     for (int cb = 0; cb < CB; ++cb) tot[cb][0] = tot[cb][1] = 0.0f;
-    ws.run(k0, [&](const Buf& b, int base) { compute(b, base, tot); });
+    ws.run(k0, [&](const Buf& b, int base, auto) { compute(b, base, tot); });
   }
 };
 

@@ -106,20 +106,28 @@ struct Q4TileStream {
     }
   }
 
-  // compute(buf, first group of buf) for each buffer of [k0, k1). The first weights load before
-  // the wait for the kernel before (launch_pdl: the activations it prepares); the next kernel may
-  // be scheduled after it.
   template <class Compute>
   __device__ __forceinline__ void run(int k0, Compute&& compute) const {
+    run(k0, compute, [] {});
+  }
+
+  // compute(buf, first group of buf, buffer index as an integral_constant) for each buffer of
+  // [k0, k1). The first weights load before
+  // the wait for the kernel before (launch_pdl: the activations it prepares); the next kernel may
+  // be scheduled after it.
+  // after_wait() runs once the activations are readable (it may start loading them).
+  template <class Compute, class AfterWait>
+  __device__ __forceinline__ void run(int k0, Compute&& compute, AfterWait&& after_wait) const {
     Buf b0, b1;
     load(b0, k0);
     wait_for_previous_grid();
     allow_dependent_launch();
+    after_wait();
     for (int base = k0; base < k1; base += 2 * U) {
       load(b1, base + U);
-      compute(b0, base);
+      compute(b0, base, std::integral_constant<int, 0>{});
       load(b0, base + 2 * U);
-      compute(b1, base + U);
+      compute(b1, base + U, std::integral_constant<int, 1>{});
     }
   }
 };

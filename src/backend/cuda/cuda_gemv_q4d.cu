@@ -143,7 +143,30 @@ struct Q4DigitDot {
     }
   }
 
-  __device__ __forceinline__ void compute(const Buf& b, int base, float (&tot)[CB][2]) const {
+  // The activations of U groups for each column block: digit words and {2^-e, sum}.
+  struct XBuf {
+    uint2 x[CB][U][W];
+    float2 s[CB][U];
+  };
+
+  __device__ __forceinline__ void load_x(XBuf& xb, int base) const {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int grp = base + u < ws.k1 ? base + u : ws.k1 - 1;  // past the end: unused
+#pragma unroll
+      for (int cb = 0; cb < CB; ++cb) {
+#pragma unroll
+        for (int i = 0; i < W; ++i) {
+          xb.x[cb][u][i] =
+              has_x[cb] ? __ldg(xbase + (xoff[cb] + grp * (G / 8) + i)) : make_uint2(0, 0);
+        }
+        xb.s[cb][u] = has_s[cb] ? __ldg(sbase + (soff[cb] + grp)) : make_float2(0.0f, 0.0f);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void compute(const Buf& b, const XBuf& xb, int base,
+                                          float (&tot)[CB][2]) const {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int grp = base + u;
@@ -165,11 +188,9 @@ struct Q4DigitDot {
         int c[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int i = 0; i < W; ++i) {
-          const uint2 x =
-              has_x[cb] ? __ldg(xbase + (xoff[cb] + grp * (G / 8) + i)) : make_uint2(0, 0);
-          imma(c, ev[i][0], ev[i][1], od[i][0], od[i][1], x.x, x.y);
+          imma(c, ev[i][0], ev[i][1], od[i][0], od[i][1], xb.x[cb][u][i].x, xb.x[cb][u][i].y);
         }
-        const float2 fx = has_s[cb] ? __ldg(sbase + (soff[cb] + grp)) : make_float2(0.0f, 0.0f);
+        const float2 fx = xb.s[cb][u];
         const float X = odd ? fx.y : 0.0f;  // odd lanes add the bias term
         tot[cb][0] +=
             (sc[0] * fx.x) * fmaf(256.0f, static_cast<float>(c[0]), static_cast<float>(c[1])) +
@@ -181,15 +202,29 @@ struct Q4DigitDot {
     }
   }
 
+  // The activations load one buffer ahead of their use, like the weights: loaded where they are
+  // used, each group waited an L2 round trip (they are L1 misses one time in two).
   __device__ __forceinline__ void run(int k0, float (&tot)[CB][2]) const {
 #pragma unroll
     for (int cb = 0; cb < CB; ++cb) tot[cb][0] = tot[cb][1] = 0.0f;
-    ws.run(k0, [&](const Buf& b, int base) { compute(b, base, tot); });
+    XBuf x0, x1;  // the activations of buffer 0 and buffer 1
+    ws.run(
+        k0,
+        [&](const Buf& b, int base, auto which) {
+          if constexpr (decltype(which)::value == 0) {
+            if (base + U < ws.k1) load_x(x1, base + U);
+            compute(b, x0, base, tot);
+          } else {
+            if (base + U < ws.k1) load_x(x0, base + U);
+            compute(b, x1, base, tot);
+          }
+        },
+        [&] { load_x(x0, k0); });
   }
 };
 
 template <int G, int CB, int U, int ST>
-__global__ void __launch_bounds__(128, CB == 1 ? 6 : 4)
+__global__ void __launch_bounds__(128, CB == 1 ? 5 : 4)
     q4d_gemv_kernel(GemvJobs jobs, Q4Act act, int n, const int32_t* __restrict__ ids, int64_t x_div,
                     StreamK sk, int64_t tiles_per_slot) {
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
