@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "cache/cache_manager.h"
 #ifdef TM_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -15,6 +16,19 @@ void add_device_options(CLI::App& cmd, DeviceOptions& opt) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   cmd.add_option("--threads", opt.threads, "CPU threads (0 = all)")->capture_default_str();
+}
+
+void add_kv_dtype_option(CLI::App& cmd, std::string& kv_dtype) {
+  cmd.add_option("--kv-dtype", kv_dtype,
+                 "KV cache elements: f32 (exact) or bf16 (half the memory and decode reads)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+}
+
+DType kv_dtype_of(const std::string& kv_dtype) {
+  DType d = DType::F32;
+  if (!parse_kv_dtype(kv_dtype, &d)) fail("--kv-dtype must be f32 or bf16, got '{}'", kv_dtype);
+  return d;
 }
 
 BackendHandle make_backend(const DeviceOptions& opt) {

@@ -20,6 +20,11 @@ struct DeviceOptions {
 
 void add_device_options(CLI::App& cmd, DeviceOptions& opt);
 
+// --kv-dtype f32|bf16 (the KV cache's element type) for the commands that run an engine.
+void add_kv_dtype_option(CLI::App& cmd, std::string& kv_dtype);
+// The DType a --kv-dtype value names (the option's check admits only those).
+DType kv_dtype_of(const std::string& kv_dtype);
+
 // Owns the thread pool and the backend, in that order of construction.
 struct BackendHandle {
   std::unique_ptr<ThreadPool> pool;

@@ -37,8 +37,8 @@ void print_report(const BenchReport& r) {
                 "", b.aggregate_tok_s, gbps(r, b.aggregate_tok_s / b.seqs),
                 pct(r, b.aggregate_tok_s / b.seqs), b.per_seq_tok_s);
   }
-  std::printf("\n  peak host memory %.2f GB, KV/state cache %.2f GB\n", r.peak_host_bytes / 1e9,
-              r.cache_bytes / 1e9);
+  std::printf("\n  peak host memory %.2f GB, KV/state cache %.2f GB (KV in %s)\n",
+              r.peak_host_bytes / 1e9, r.cache_bytes / 1e9, r.kv_dtype.c_str());
 }
 
 void write_report_json(const BenchReport& r, const std::string& path) {
@@ -49,7 +49,8 @@ void write_report_json(const BenchReport& r, const std::string& path) {
                       {"load_seconds", r.load_seconds},
                       {"weight_bytes_per_token", r.weight_bytes_per_token},
                       {"peak_host_bytes", r.peak_host_bytes},
-                      {"cache_bytes", r.cache_bytes}};
+                      {"cache_bytes", r.cache_bytes},
+                      {"kv_dtype", r.kv_dtype}};
   for (const auto& p : r.prefill)
     j["prefill"].push_back({{"tokens", p.tokens}, {"tok_s", p.tok_s}, {"ttft_s", p.ttft_s}});
   for (const auto& d : r.decode) {

@@ -12,6 +12,7 @@ struct BenchReport {
   double read_gbps = 0, matmul_tflops = 0, load_seconds = 0;
   int64_t weight_bytes_per_token = 0;
   int64_t peak_host_bytes = 0, cache_bytes = 0;
+  std::string kv_dtype = "f32";  // the KV cache's element type
   struct Prefill {
     int tokens;
     double tok_s, ttft_s;

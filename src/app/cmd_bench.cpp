@@ -37,6 +37,7 @@ struct BenchOptions {
   std::vector<int> prompts, contexts, batches;
   int decode_tokens = 32;
   int64_t cache_mb = 0;
+  std::string kv_dtype = "f32";
   DeviceOptions device;
 };
 
@@ -137,16 +138,17 @@ void bench_command(BenchOptions o) {
   int max_batch = 1;
   for (int b : o.batches) max_batch = std::max(max_batch, b);
   EngineOptions eo;
+  eo.kv_dtype = kv_dtype_of(o.kv_dtype);
+  rep.kv_dtype = o.kv_dtype;
   eo.max_seqs = max_batch;
   eo.max_step_tokens = cpu ? 512 : 8192;
   eo.prefill_chunk = eo.max_step_tokens;
   eo.max_context = max_len + 8;
   const CacheGeometry& g = model->geometry();
-  int64_t need =
-      int64_t{max_batch} * (g.state_bytes_per_seq() +
-                            g.kv_bytes_per_token() * (std::max(512, max_len / max_batch) + 64));
-  need =
-      std::max(need, g.kv_bytes_per_token() * (max_len + 64) + g.state_bytes_per_seq() * max_batch);
+  const int64_t kv_token = g.kv_bytes_per_token(eo.kv_dtype);
+  int64_t need = int64_t{max_batch} *
+                 (g.state_bytes_per_seq() + kv_token * (std::max(512, max_len / max_batch) + 64));
+  need = std::max(need, kv_token * (max_len + 64) + g.state_bytes_per_seq() * max_batch);
   eo.memory_budget_bytes = o.cache_mb > 0 ? o.cache_mb << 20 : need + (64LL << 20);
   Engine engine(*model, eo);
 
@@ -224,6 +226,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--json", opt->json_path, "JSON output file")->capture_default_str();
   cmd->add_option("--chart", opt->chart_path, "Chart output (SVG)")->capture_default_str();
   add_device_options(*cmd, opt->device);
+  add_kv_dtype_option(*cmd, opt->kv_dtype);
   cmd->callback([opt] { bench_command(*opt); });
 }
 

@@ -26,6 +26,7 @@ struct GenerateOptions {
   uint64_t seed = 0;
   bool json = false;
   bool ignore_eos = false;
+  std::string kv_dtype = "f32";
   DeviceOptions device;
 };
 
@@ -46,6 +47,7 @@ void generate_command(const GenerateOptions& o) {
   }
   EngineOptions eo;
   eo.max_seqs = 1;
+  eo.kv_dtype = kv_dtype_of(o.kv_dtype);
   Engine engine(*m.model, eo);
   GenerationRequest req;
   req.prompt = ids;
@@ -112,6 +114,7 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--ignore-eos", opt->ignore_eos, "Keep going past end-of-sequence tokens");
   cmd->add_flag("--json", opt->json, "Print ids, logprobs and text as JSON");
   add_device_options(*cmd, opt->device);
+  add_kv_dtype_option(*cmd, opt->kv_dtype);
   cmd->callback([opt] { generate_command(*opt); });
 }
 

@@ -34,6 +34,7 @@ struct RunOptions {
   std::optional<uint64_t> seed;
   bool think = true;
   bool color = true;
+  std::string kv_dtype = "f32";
   DeviceOptions device;
 };
 
@@ -154,6 +155,7 @@ void run_command(const RunOptions& o) {
                                : "defaults from generation_config.json");
   EngineOptions eo;
   eo.max_seqs = 1;
+  eo.kv_dtype = kv_dtype_of(o.kv_dtype);
   Engine engine(*m.model, eo);
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
@@ -194,6 +196,7 @@ void register_run(CLI::App& app) {
   cmd->add_flag("!--no-think", opt->think, "Turn thinking off (enable_thinking=false)");
   cmd->add_flag("!--no-color", opt->color, "Plain output (no dimmed reasoning)");
   add_device_options(*cmd, opt->device);
+  add_kv_dtype_option(*cmd, opt->kv_dtype);
   cmd->callback([opt] { run_command(*opt); });
 }
 

@@ -18,6 +18,7 @@
 #include "app/commands.h"
 #include "app/model_loading.h"
 #include "app/serve_options.h"
+#include "cache/cache_manager.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "server/http_server.h"
@@ -181,6 +182,8 @@ void run_server(const ServeOptions& o) {
     eo.kv_block_size = settings.cache.kv_block_size;
     eo.memory_budget_bytes = settings.cache.memory_budget_mb << 20;
     eo.max_context = ms.context_window;
+    const std::string kv = ms.kv_cache_dtype == "auto" ? server::kKvCacheDtype : ms.kv_cache_dtype;
+    TM_CHECK(parse_kv_dtype(kv, &eo.kv_dtype), "kv_cache_dtype {}", kv);
     lm.engine = std::make_unique<Engine>(*lm.model, eo);
     server::ServedModel sm;
     sm.name = ms.name;

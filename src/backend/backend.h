@@ -65,13 +65,16 @@ struct SeqLayout {
 };
 
 // Paged KV cache of one attention layer: blocks of `block_size` positions, each holding
-// k and v as [block_size, kv_heads, head_dim] F32.
+// k and v as [block_size, kv_heads, head_dim] elements of `dtype` (F32, or BF16: half the
+// memory and the bytes each decode step reads, values rounded to 8 significant bits when
+// appended; Backend::supports_kv_dtype says which a backend takes).
 struct KVLayerView {
-  float* k = nullptr;  // [num_blocks, block_size, kv_heads, head_dim]
-  float* v = nullptr;
+  void* k = nullptr;  // [num_blocks, block_size, kv_heads, head_dim]
+  void* v = nullptr;
   int block_size = 0;
   int kv_heads = 0;
   int head_dim = 0;
+  DType dtype = DType::F32;
 };
 
 // Per-sequence paging info shared by all attention layers of a forward.
@@ -178,6 +181,8 @@ class Backend {
   }
 
   // ---- attention ----
+  // Whether kv_append, attention_front and attention take caches of this element type.
+  virtual bool supports_kv_dtype(DType dtype) const { return dtype == DType::F32; }
   // NeoX rotary embedding in place on the first rot_dim dims of each head:
   // x is [n_tokens, heads, row_stride...]: head h of token t starts at t*token_stride + h*head_dim.
   virtual void rope(float* x, const int32_t* positions, int n_tokens, int heads, int head_dim,

@@ -7,18 +7,34 @@
 namespace tokenmill {
 
 namespace {
-int64_t kv_block_bytes(const CacheGeometry& g, int block_size) {
-  return int64_t{block_size} * g.kv_bytes_per_token();
+int64_t kv_block_bytes(const CacheGeometry& g, int block_size, DType kv_dtype) {
+  return int64_t{block_size} * g.kv_bytes_per_token(kv_dtype);
 }
 }  // namespace
 
+const char* kv_dtype_setting_name(DType dtype) {
+  return dtype == DType::BF16 ? "bf16" : dtype == DType::F32 ? "f32" : dtype_name(dtype);
+}
+
+bool parse_kv_dtype(std::string_view text, DType* out) {
+  if (text == "f32") {
+    *out = DType::F32;
+  } else if (text == "bf16") {
+    *out = DType::BF16;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 CacheOptions CacheManager::plan(const CacheGeometry& geo, int64_t budget_bytes, int slots,
-                                int block_size) {
+                                int block_size, DType kv_dtype) {
   CacheOptions o;
   o.block_size = block_size;
   o.num_slots = slots;
+  o.kv_dtype = kv_dtype;
   int64_t left = budget_bytes - int64_t{slots} * geo.state_bytes_per_seq();
-  int64_t per_block = kv_block_bytes(geo, block_size);
+  int64_t per_block = kv_block_bytes(geo, block_size, kv_dtype);
   if (left <= 0 || (per_block > 0 && left < per_block)) {
     fail(
         "cache memory budget of {} MiB is too small: {} state slots need {} MiB and one KV "
@@ -33,6 +49,10 @@ CacheOptions CacheManager::plan(const CacheGeometry& geo, int64_t budget_bytes, 
 CacheManager::CacheManager(Backend& backend, const CacheGeometry& geo, const CacheOptions& opt)
     : be_(backend), geo_(geo), opt_(opt) {
   TM_CHECK(opt.block_size > 0 && opt.num_slots > 0, "cache needs blocks and slots");
+  if (!backend.supports_kv_dtype(opt.kv_dtype)) {
+    fail("the {} backend does not keep KV caches in {}; use {}", backend.name(),
+         kv_dtype_setting_name(opt.kv_dtype), kv_dtype_setting_name(DType::F32));
+  }
   // KV memory is written before it is read (kv_append precedes attention), so it is not
   // cleared: a large pool costs nothing until used. State slots are cleared on acquire.
   auto alloc = [&](size_t bytes) {
@@ -43,10 +63,12 @@ CacheManager::CacheManager(Backend& backend, const CacheGeometry& geo, const Cac
   };
   size_t kv_elems = static_cast<size_t>(opt.num_blocks) * opt.block_size * geo.kv_heads *
                     static_cast<size_t>(geo.head_dim);
+  const size_t kv_elem = dtype_size(opt.kv_dtype);
   for (int l = 0; l < geo.attention_layers; ++l) {
     KVLayerView v;
-    v.k = alloc(kv_elems * 4);
-    v.v = alloc(kv_elems * 4);
+    v.k = alloc(kv_elems * kv_elem);
+    v.v = alloc(kv_elems * kv_elem);
+    v.dtype = opt.kv_dtype;
     v.block_size = opt.block_size;
     v.kv_heads = geo.kv_heads;
     v.head_dim = geo.head_dim;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
@@ -13,10 +14,17 @@
 
 namespace tokenmill {
 
+// The KV element types a cache can hold, as settings and flags spell them: "f32" (exact) and
+// "bf16" (half the memory; what the checkpoint's own dtype usually is).
+const char* kv_dtype_setting_name(DType dtype);
+// Parses "f32" / "bf16"; false for anything else.
+bool parse_kv_dtype(std::string_view text, DType* out);
+
 struct CacheOptions {
-  int block_size = 16;     // positions per KV block
-  int64_t num_blocks = 0;  // KV blocks (shared by all attention layers)
-  int num_slots = 0;       // GDN state slots (one per running sequence, plus spares)
+  int block_size = 16;          // positions per KV block
+  int64_t num_blocks = 0;       // KV blocks (shared by all attention layers)
+  int num_slots = 0;            // GDN state slots (one per running sequence, plus spares)
+  DType kv_dtype = DType::F32;  // KV element type (F32 or BF16; the backend must take it)
 };
 
 class CacheManager {
@@ -28,7 +36,7 @@ class CacheManager {
 
   // Sizes a cache for `budget_bytes`: `slots` state slots first, the rest as KV blocks.
   static CacheOptions plan(const CacheGeometry& geo, int64_t budget_bytes, int slots,
-                           int block_size);
+                           int block_size, DType kv_dtype = DType::F32);
 
   const CacheViews& views() const { return views_; }
   int block_size() const { return opt_.block_size; }

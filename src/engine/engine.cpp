@@ -60,9 +60,10 @@ Engine::Engine(Model& model, const EngineOptions& options)
     co.block_size = options.kv_block_size;
     co.num_blocks = options.kv_blocks;
     co.num_slots = options.max_seqs;
+    co.kv_dtype = options.kv_dtype;
   } else {
     co = CacheManager::plan(geo, options.memory_budget_bytes, options.max_seqs,
-                            options.kv_block_size);
+                            options.kv_block_size, options.kv_dtype);
   }
   I.cache = std::make_unique<CacheManager>(model.backend(), geo, co);
   int64_t by_memory = co.num_blocks * co.block_size;
@@ -186,8 +187,9 @@ void Engine::Impl::update_stats() {
   stats.kv_blocks_used = cache->total_blocks() - cache->free_blocks();
   stats.state_slots_used = cache->total_slots() - cache->free_slots();
   const CacheGeometry& g = model.geometry();
-  stats.cache_bytes_used = stats.kv_blocks_used * cache->block_size() * g.kv_bytes_per_token() +
-                           int64_t{stats.state_slots_used} * g.state_bytes_per_seq();
+  stats.cache_bytes_used =
+      stats.kv_blocks_used * cache->block_size() * g.kv_bytes_per_token(opt.kv_dtype) +
+      int64_t{stats.state_slots_used} * g.state_bytes_per_seq();
 }
 
 void Engine::Impl::loop() {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/request.h"
+#include "tensor/dtype.h"
 
 namespace tokenmill {
 
@@ -21,6 +22,7 @@ struct EngineOptions {
   int kv_block_size = 16;     // positions per KV block
   int64_t kv_blocks = 0;      // 0: derived from memory_budget_bytes
   int64_t memory_budget_bytes = 2LL << 30;  // KV blocks + state slots
+  DType kv_dtype = DType::F32;              // KV cache elements (F32 or BF16)
   int max_context = 0;  // 0: the model's max_position_embeddings (capped by memory)
   uint64_t seed = 0;    // seeds requests that give none
 };

@@ -221,10 +221,11 @@ std::string summary_to_text(const ModelSummary& s) {
   line("weight memory", fmt::format("{} ({} bytes) + MTP {}", format_bytes(s.weight_bytes),
                                     s.weight_bytes, format_bytes(s.mtp_weight_bytes)));
   line("kv cache per token",
-       fmt::format(
-           "{} bytes (f32; {} full-attention layers){}", s.kv_bytes_per_token, s.full_layers,
-           s.mtp_kv_bytes_per_token > 0 ? fmt::format(" + MTP {} bytes", s.mtp_kv_bytes_per_token)
-                                        : std::string()));
+       fmt::format("{} bytes (f32, half in bf16; {} full-attention layers){}", s.kv_bytes_per_token,
+                   s.full_layers,
+                   s.mtp_kv_bytes_per_token > 0
+                       ? fmt::format(" + MTP {} bytes", s.mtp_kv_bytes_per_token)
+                       : std::string()));
   line("gdn state per seq", fmt::format("{} bytes (f32; {} linear-attention layers)",
                                         s.gdn_state_bytes_per_sequence, s.linear_layers));
   line("cache per sequence",

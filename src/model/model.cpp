@@ -13,8 +13,9 @@
 
 namespace tokenmill {
 
-int64_t CacheGeometry::kv_bytes_per_token() const {
-  return int64_t{attention_layers} * 2 * kv_heads * head_dim * 4;
+int64_t CacheGeometry::kv_bytes_per_token(DType kv_dtype) const {
+  return int64_t{attention_layers} * 2 * kv_heads * head_dim *
+         static_cast<int64_t>(dtype_size(kv_dtype));
 }
 
 int64_t CacheGeometry::state_bytes_per_seq() const {

@@ -30,8 +30,8 @@ struct CacheGeometry {
   int gdn_layers = 0;
   int conv_channels = 0, conv_kernel = 0;
   int k_heads = 0, v_heads = 0, k_dim = 0, v_dim = 0;
-  // Bytes per cached position (all attention layers, K and V, F32).
-  int64_t kv_bytes_per_token() const;
+  // Bytes per cached position (all attention layers, K and V, elements of kv_dtype).
+  int64_t kv_bytes_per_token(DType kv_dtype = DType::F32) const;
   // Bytes of one sequence's recurrent state (all GDN layers: conv window + S, F32).
   int64_t state_bytes_per_seq() const;
 };

@@ -91,10 +91,11 @@ void read_model_keys(JsonReader& r, ModelSettings& m) {
     sp->finish();
   }
   if (auto v = r.one_of("kv_cache_dtype", {"auto", "bf16", "f16", "f32", "fp8"})) {
-    if (*v != "auto" && *v != kKvCacheDtype) {
+    if (*v == "f16" || *v == "fp8") {
       r.error("kv_cache_dtype", fmt::format("'{}' is not supported by this build yet (the KV cache "
-                                            "is stored as {}); use \"auto\" or \"{}\"",
-                                            *v, kKvCacheDtype, kKvCacheDtype));
+                                            "is stored as f32 or bf16); use \"auto\" ({}), "
+                                            "\"f32\" or \"bf16\"",
+                                            *v, kKvCacheDtype));
     }
     m.kv_cache_dtype = *v;
   }

@@ -19,8 +19,9 @@
 //    "thinking": {"enabled", "budget_tokens"}, "speculative": {"enabled", "draft_depth"},
 //    "kv_cache_dtype": "auto"|"bf16"|"f16"|"f32"|"fp8", "pinned", "default"}
 // Values this build cannot honour are errors, not ignored: speculative.enabled true,
-// kv_cache_dtype other than "auto" / "f32" (the KV cache is f32), cache.prefix_cache true (no
-// prefix cache yet). /api/status reports the effective values.
+// kv_cache_dtype "f16" / "fp8" (the KV cache is f32 or bf16; a backend that cannot keep bf16
+// refuses it when the model starts), cache.prefix_cache true (no prefix cache yet).
+// /api/status reports the effective values.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +34,7 @@
 
 namespace tokenmill::server {
 
-// The KV cache dtype of this build's engine ("auto" resolves to it).
+// The KV cache dtype "auto" resolves to.
 inline constexpr const char* kKvCacheDtype = "f32";
 
 struct SamplingDefaults {
@@ -52,7 +53,7 @@ struct ModelSettings {
   int thinking_budget = -1;   // reasoning tokens before </think> is forced; -1 = none
   bool speculative = false;   // MTP drafting (true is rejected: not implemented yet)
   int draft_depth = 0;        // drafted tokens per step when speculative (0 = engine default)
-  std::string kv_cache_dtype = "auto";  // "auto" or kKvCacheDtype (others are rejected)
+  std::string kv_cache_dtype = "auto";  // "auto" (kKvCacheDtype), "f32" or "bf16"
   bool pinned = false;                  // never unloaded
   bool is_default = false;              // serves requests that name no model
   std::string source;                   // the file(s) these settings came from, for messages

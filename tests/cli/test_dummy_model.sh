@@ -31,8 +31,21 @@ assert len(ids) == 8 and all(0 <= i < 151936 for i in ids), ids
 assert out["text"], out
 PYEOF
 
+# A BF16 KV cache: the same run, deterministic too; other element types are refused by name.
+"$BIN" generate "$M" --prompt "The lighthouse keeper" -n 8 --ignore-eos --json --threads 2 \
+  --kv-dtype bf16 > "$TMP/c.json"
+"$PY" - "$TMP/c.json" <<'PYEOF'
+import json, sys
+ids = json.load(open(sys.argv[1]))["ids"]
+assert len(ids) == 8 and all(0 <= i < 151936 for i in ids), ids
+PYEOF
+if "$BIN" generate "$M" --prompt x -n 1 --threads 2 --kv-dtype f16 > "$TMP/out" 2>&1; then
+  echo "accepted --kv-dtype f16"; exit 1
+fi
+grep -q "kv-dtype" "$TMP/out" || { echo "expected a --kv-dtype error, got:"; cat "$TMP/out"; exit 1; }
+
 cat > "$TMP/settings.json" <<JSON
-{"models": [{"path": "$M", "name": "dummy"}]}
+{"models": [{"path": "$M", "name": "dummy", "kv_cache_dtype": "bf16"}]}
 JSON
 "$BIN" settings check "$TMP/settings.json" | grep -q "ok"
 

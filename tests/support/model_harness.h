@@ -42,11 +42,13 @@ struct Harness {
     model = Model::from_checkpoint(std::move(ckpt), *backend);
     make_cache(slots, blocks);
   }
-  void make_cache(int slots, int64_t blocks) {
+  void make_cache(int slots, int64_t blocks, DType kv_dtype = DType::F32) {
+    cache.reset();
     CacheOptions o;
     o.block_size = 16;
     o.num_blocks = blocks;
     o.num_slots = slots;
+    o.kv_dtype = kv_dtype;
     cache = std::make_unique<CacheManager>(*backend, model->geometry(), o);
   }
   int vocab() const { return static_cast<int>(model->config().vocab_size); }

@@ -39,32 +39,31 @@ inline int64_t cache_row(const KVLayerView& kv, const KVPaging& pg, int s, int64
 
 // acc[0, NV*W) += sum_j p[j] * V_j[0, NV*W) for the n rows V_j = v + rows[j]: the accumulators
 // stay in registers across the positions (one FMA per vector and position).
-template <class S, int NV>
-void accumulate_pv(float* acc, const float* p, const float* v, const int64_t* rows, int n) {
+template <class S, int NV, class T>
+void accumulate_pv(float* acc, const float* p, const T* v, const int64_t* rows, int n) {
   typename S::V a[NV];
   TM_UNROLL
   for (int u = 0; u < NV; ++u) a[u] = S::load(acc + u * S::W);
   for (int j = 0; j < n; ++j) {
     const typename S::V pj = S::set1(p[j]);
-    const float* vj = v + rows[j];
+    const T* vj = v + rows[j];
     TM_UNROLL
-    for (int u = 0; u < NV; ++u) a[u] = S::fma(pj, S::load(vj + u * S::W), a[u]);
+    for (int u = 0; u < NV; ++u) a[u] = S::fma(pj, cpu::load_elems<S>(vj + u * S::W), a[u]);
   }
   TM_UNROLL
   for (int u = 0; u < NV; ++u) S::store(acc + u * S::W, a[u]);
 }
 
 // acc[0, D) += sum_j p[j] * (v + rows[j])[0, D), in register-sized column chunks.
-template <class S>
-void accumulate_pv_row(float* acc, const float* p, const float* v, const int64_t* rows, int n,
-                       int D) {
+template <class S, class T>
+void accumulate_pv_row(float* acc, const float* p, const T* v, const int64_t* rows, int n, int D) {
   constexpr int W = S::W;
   int d = 0;
   for (; d + 8 * W <= D; d += 8 * W) accumulate_pv<S, 8>(acc + d, p, v + d, rows, n);
   for (; d + W <= D; d += W) accumulate_pv<S, 1>(acc + d, p, v + d, rows, n);
   for (; d < D; ++d) {
     float s = acc[d];
-    for (int j = 0; j < n; ++j) s += p[j] * v[rows[j] + d];
+    for (int j = 0; j < n; ++j) s += p[j] * cpu::elem_f32(v[rows[j] + d]);
     acc[d] = s;
   }
 }
@@ -102,8 +101,13 @@ void CpuBackend::rope(float* x, const int32_t* positions, int n_tokens, int head
       std::max(1, 4096 / std::max(1, heads * rot_dim)));
 }
 
+bool CpuBackend::supports_kv_dtype(DType dtype) const {
+  return dtype == DType::F32 || dtype == DType::BF16;
+}
+
 void CpuBackend::kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                            const float* k, const float* v) {
+  TM_CHECK(supports_kv_dtype(kv.dtype), "kv cache of {}", dtype_name(kv.dtype));
   map_tokens(seqs, index_scratch_);
   const int64_t row = static_cast<int64_t>(kv.kv_heads) * kv.head_dim;
   pool_.run(
@@ -113,8 +117,17 @@ void CpuBackend::kv_append(const KVLayerView& kv, const KVPaging& paging, const 
           const int s = index_scratch_[static_cast<size_t>(t)];
           TM_CHECK(s >= 0, "token {} belongs to no sequence", t);
           const int64_t dst = cache_row(kv, paging, s, seqs.positions[t]) * kv.head_dim;
-          std::memcpy(kv.k + dst, k + t * row, static_cast<size_t>(row) * 4);
-          std::memcpy(kv.v + dst, v + t * row, static_cast<size_t>(row) * 4);
+          if (kv.dtype == DType::F32) {
+            std::memcpy(static_cast<float*>(kv.k) + dst, k + t * row, static_cast<size_t>(row) * 4);
+            std::memcpy(static_cast<float*>(kv.v) + dst, v + t * row, static_cast<size_t>(row) * 4);
+          } else {
+            uint16_t* kd = static_cast<uint16_t*>(kv.k) + dst;
+            uint16_t* vd = static_cast<uint16_t*>(kv.v) + dst;
+            for (int64_t i = 0; i < row; ++i) {
+              kd[i] = f32_to_bf16(k[t * row + i]);
+              vd[i] = f32_to_bf16(v[t * row + i]);
+            }
+          }
         }
       },
       16);
@@ -125,6 +138,7 @@ void CpuBackend::attention(const KVLayerView& kv, const KVPaging& paging, const 
   TM_CHECK(kv.kv_heads > 0 && heads % kv.kv_heads == 0, "{} query heads over {} kv heads", heads,
            kv.kv_heads);
   TM_CHECK(kv.block_size > 0, "kv block size {}", kv.block_size);
+  TM_CHECK(supports_kv_dtype(kv.dtype), "kv cache of {}", dtype_name(kv.dtype));
   map_tokens(seqs, index_scratch_);
   const int T = seqs.n_tokens, D = kv.head_dim, r = heads / kv.kv_heads;
   const int64_t row_stride = static_cast<int64_t>(kv.kv_heads) * D;  // between positions
@@ -156,95 +170,105 @@ void CpuBackend::attention(const KVLayerView& kv, const KVPaging& paging, const 
   // float offset).
   const size_t rows_at = (static_cast<size_t>(heads) * (kTile + 2 + D) + 1) / 2 * 2;
   reserve_thread_scratch(rows_at + 2 * kTile);
-  cpu::with_isa(options_.scalar_kernels, [&](auto isa) {
-    using S = decltype(isa);
-    constexpr int W = S::W;
-    pool_.run(
-        items,
-        [&](int64_t b, int64_t e, int worker) {
-          float* sc = thread_scratch(worker);
-          float* mx = sc + static_cast<int64_t>(heads) * kTile;
-          float* sum = mx + heads;
-          float* own_acc = sum + heads;
-          auto* rows = reinterpret_cast<int64_t*>(sc + rows_at);
-          int t = 0;
-          for (int64_t item = b; item < e; ++item) {
-            while (attn_first_[t + 1] <= item) ++t;
-            const int s = index_scratch_[static_cast<size_t>(t)];
-            TM_CHECK(s >= 0, "token {} belongs to no sequence", t);
-            const int64_t pos = seqs.positions[t];
-            TM_CHECK(pos < paging.context_lens[s],
-                     "query at position {} but sequence {} holds {} cached tokens", pos, s,
-                     paging.context_lens[s]);
-            const bool direct = attn_first_[t + 1] - attn_first_[t] == 1;
-            float* acc = direct ? own_acc : partials + item * part;
-            const int64_t c0 = (item - attn_first_[t]) * chunk;
-            const int64_t c1 = std::min(pos + 1, c0 + chunk);
-            const float* qt = q + static_cast<int64_t>(t) * heads * D;
-            std::fill(acc, acc + static_cast<int64_t>(heads) * D, 0.0f);
-            for (int h = 0; h < heads; ++h) {
-              mx[h] = -std::numeric_limits<float>::infinity();
-              sum[h] = 0.0f;
-            }
-            for (int64_t p0 = c0; p0 < c1; p0 += kTile) {
-              const int n = static_cast<int>(std::min<int64_t>(kTile, c1 - p0));
-              // Cache offsets of the tile's positions: one block-table lookup per block.
-              for (int j = 0; j < n;) {
-                const int64_t row0 = cache_row(kv, paging, s, p0 + j);
-                const int in_block = static_cast<int>((p0 + j) % kv.block_size);
-                const int m = std::min(n - j, kv.block_size - in_block);
-                for (int i = 0; i < m; ++i, ++j) rows[j] = row0 * D + i * row_stride;
+  // The cache's elements as F32 or BF16 (uint16_t) pointers: one copy of the loop per type.
+  auto with_cache = [&](auto&& f) {
+    if (kv.dtype == DType::F32) {
+      f(static_cast<const float*>(kv.k), static_cast<const float*>(kv.v));
+    } else {
+      f(static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v));
+    }
+  };
+  with_cache([&](auto* kcache, auto* vcache) {
+    cpu::with_isa(options_.scalar_kernels, [&](auto isa) {
+      using S = decltype(isa);
+      constexpr int W = S::W;
+      pool_.run(
+          items,
+          [&](int64_t b, int64_t e, int worker) {
+            float* sc = thread_scratch(worker);
+            float* mx = sc + static_cast<int64_t>(heads) * kTile;
+            float* sum = mx + heads;
+            float* own_acc = sum + heads;
+            auto* rows = reinterpret_cast<int64_t*>(sc + rows_at);
+            int t = 0;
+            for (int64_t item = b; item < e; ++item) {
+              while (attn_first_[t + 1] <= item) ++t;
+              const int s = index_scratch_[static_cast<size_t>(t)];
+              TM_CHECK(s >= 0, "token {} belongs to no sequence", t);
+              const int64_t pos = seqs.positions[t];
+              TM_CHECK(pos < paging.context_lens[s],
+                       "query at position {} but sequence {} holds {} cached tokens", pos, s,
+                       paging.context_lens[s]);
+              const bool direct = attn_first_[t + 1] - attn_first_[t] == 1;
+              float* acc = direct ? own_acc : partials + item * part;
+              const int64_t c0 = (item - attn_first_[t]) * chunk;
+              const int64_t c1 = std::min(pos + 1, c0 + chunk);
+              const float* qt = q + static_cast<int64_t>(t) * heads * D;
+              std::fill(acc, acc + static_cast<int64_t>(heads) * D, 0.0f);
+              for (int h = 0; h < heads; ++h) {
+                mx[h] = -std::numeric_limits<float>::infinity();
+                sum[h] = 0.0f;
               }
-              for (int j = 0; j < n; ++j) {
-                for (int g = 0; g < kv.kv_heads; ++g) {
-                  const float* kp = kv.k + rows[j] + static_cast<int64_t>(g) * D;
-                  for (int h = g * r; h < (g + 1) * r; ++h)
-                    sc[h * kTile + j] = scale * cpu::dot<S>(qt + h * D, kp, D);
+              for (int64_t p0 = c0; p0 < c1; p0 += kTile) {
+                const int n = static_cast<int>(std::min<int64_t>(kTile, c1 - p0));
+                // Cache offsets of the tile's positions: one block-table lookup per block.
+                for (int j = 0; j < n;) {
+                  const int64_t row0 = cache_row(kv, paging, s, p0 + j);
+                  const int in_block = static_cast<int>((p0 + j) % kv.block_size);
+                  const int m = std::min(n - j, kv.block_size - in_block);
+                  for (int i = 0; i < m; ++i, ++j) rows[j] = row0 * D + i * row_stride;
+                }
+                for (int j = 0; j < n; ++j) {
+                  for (int g = 0; g < kv.kv_heads; ++g) {
+                    const auto* kp = kcache + rows[j] + static_cast<int64_t>(g) * D;
+                    for (int h = g * r; h < (g + 1) * r; ++h)
+                      sc[h * kTile + j] = scale * cpu::dot<S>(qt + h * D, kp, D);
+                  }
+                }
+                for (int h = 0; h < heads; ++h) {
+                  float* sh = sc + h * kTile;
+                  float m = mx[h];
+                  for (int j = 0; j < n; ++j) m = std::max(m, sh[j]);
+                  const float c = std::exp(mx[h] - m);  // 0 on the first tile (mx = -inf)
+                  if (c != 1.0f) {
+                    sum[h] *= c;
+                    for (int d = 0; d < D; ++d) acc[h * D + d] *= c;
+                  }
+                  mx[h] = m;
+                  const typename S::V vm = S::set1(m);
+                  typename S::V vs = S::zero();
+                  int j = 0;
+                  for (; j + W <= n; j += W) {
+                    const typename S::V p = S::exp(S::sub(S::load(sh + j), vm));
+                    S::store(sh + j, p);
+                    vs = S::add(vs, p);
+                  }
+                  float tail = 0.0f;
+                  for (; j < n; ++j) tail += (sh[j] = std::exp(sh[j] - m));
+                  sum[h] += S::reduce(vs) + tail;
+                }
+                for (int h = 0; h < heads; ++h) {
+                  const auto* vg = vcache + static_cast<int64_t>(h / r) * D;
+                  accumulate_pv_row<S>(acc + h * D, sc + h * kTile, vg, rows, n, D);
                 }
               }
-              for (int h = 0; h < heads; ++h) {
-                float* sh = sc + h * kTile;
-                float m = mx[h];
-                for (int j = 0; j < n; ++j) m = std::max(m, sh[j]);
-                const float c = std::exp(mx[h] - m);  // 0 on the first tile (mx = -inf)
-                if (c != 1.0f) {
-                  sum[h] *= c;
-                  for (int d = 0; d < D; ++d) acc[h * D + d] *= c;
+              if (direct) {
+                for (int h = 0; h < heads; ++h) {
+                  float* o = out + (static_cast<int64_t>(t) * heads + h) * D;
+                  const float inv = 1.0f / sum[h];
+                  for (int d = 0; d < D; ++d) o[d] = acc[h * D + d] * inv;
                 }
-                mx[h] = m;
-                const typename S::V vm = S::set1(m);
-                typename S::V vs = S::zero();
-                int j = 0;
-                for (; j + W <= n; j += W) {
-                  const typename S::V p = S::exp(S::sub(S::load(sh + j), vm));
-                  S::store(sh + j, p);
-                  vs = S::add(vs, p);
+              } else {
+                float* ms = acc + static_cast<int64_t>(heads) * D;
+                for (int h = 0; h < heads; ++h) {
+                  ms[2 * h] = mx[h];
+                  ms[2 * h + 1] = sum[h];
                 }
-                float tail = 0.0f;
-                for (; j < n; ++j) tail += (sh[j] = std::exp(sh[j] - m));
-                sum[h] += S::reduce(vs) + tail;
-              }
-              for (int h = 0; h < heads; ++h) {
-                const float* vg = kv.v + static_cast<int64_t>(h / r) * D;
-                accumulate_pv_row<S>(acc + h * D, sc + h * kTile, vg, rows, n, D);
               }
             }
-            if (direct) {
-              for (int h = 0; h < heads; ++h) {
-                float* o = out + (static_cast<int64_t>(t) * heads + h) * D;
-                const float inv = 1.0f / sum[h];
-                for (int d = 0; d < D; ++d) o[d] = acc[h * D + d] * inv;
-              }
-            } else {
-              float* ms = acc + static_cast<int64_t>(heads) * D;
-              for (int h = 0; h < heads; ++h) {
-                ms[2 * h] = mx[h];
-                ms[2 * h + 1] = sum[h];
-              }
-            }
-          }
-        },
-        1);
+          },
+          1);
+    });
   });
   if (partials == nullptr) return;
   // Merge the chunks of each split token: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.

@@ -169,21 +169,39 @@ using BestIsa = Avx2Isa;
 using BestIsa = ScalarIsa;
 #endif
 
-// Float dot product and axpy over n elements with 4 independent accumulators (FMA latency).
+// Vectors and scalars of F32 read from F32 or BF16 (uint16_t) storage: the BF16 KV cache's
+// loops are the F32 ones with a widening load, so they round identically.
 template <class S>
-inline float dot(const float* a, const float* b, int64_t n) {
+inline typename S::V load_elems(const float* p) {
+  return S::load(p);
+}
+template <class S>
+inline typename S::V load_elems(const uint16_t* p) {
+  return S::load_bf16(p);
+}
+inline float elem_f32(float x) {
+  return x;
+}
+inline float elem_f32(uint16_t x) {
+  return bf16_to_f32(x);
+}
+
+// Float dot product and axpy over n elements with 4 independent accumulators (FMA latency); b
+// may be F32 or BF16.
+template <class S, class T = float>
+inline float dot(const float* a, const T* b, int64_t n) {
   constexpr int W = S::W;
   typename S::V a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
   int64_t k = 0;
   for (; k + 4 * W <= n; k += 4 * W) {
-    a0 = S::fma(S::load(a + k), S::load(b + k), a0);
-    a1 = S::fma(S::load(a + k + W), S::load(b + k + W), a1);
-    a2 = S::fma(S::load(a + k + 2 * W), S::load(b + k + 2 * W), a2);
-    a3 = S::fma(S::load(a + k + 3 * W), S::load(b + k + 3 * W), a3);
+    a0 = S::fma(S::load(a + k), load_elems<S>(b + k), a0);
+    a1 = S::fma(S::load(a + k + W), load_elems<S>(b + k + W), a1);
+    a2 = S::fma(S::load(a + k + 2 * W), load_elems<S>(b + k + 2 * W), a2);
+    a3 = S::fma(S::load(a + k + 3 * W), load_elems<S>(b + k + 3 * W), a3);
   }
-  for (; k + W <= n; k += W) a0 = S::fma(S::load(a + k), S::load(b + k), a0);
+  for (; k + W <= n; k += W) a0 = S::fma(S::load(a + k), load_elems<S>(b + k), a0);
   float s = S::reduce(S::add(S::add(a0, a1), S::add(a2, a3)));
-  for (; k < n; ++k) s += a[k] * b[k];
+  for (; k < n; ++k) s += a[k] * elem_f32(b[k]);
   return s;
 }
 

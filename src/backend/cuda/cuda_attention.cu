@@ -37,8 +37,8 @@ __global__ void kv_append_kernel(KVLayerView kv, KVPaging pg, SeqLayout seqs,
   if (cp < 0) return;
   const int64_t row = static_cast<int64_t>(kv.kv_heads) * kv.head_dim;
   for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
-    kv.k[cp * row + i] = k[t * row + i];
-    kv.v[cp * row + i] = v[t * row + i];
+    static_cast<float*>(kv.k)[cp * row + i] = k[t * row + i];
+    static_cast<float*>(kv.v)[cp * row + i] = v[t * row + i];
   }
 }
 
@@ -107,8 +107,8 @@ __global__ void attention_front_kernel(AttnFrontArgs A, RopeFreqs f) {
     }
     dst[i] = y;
     if (cp >= 0) {
-      A.kv.k[cp * cache_row + static_cast<int64_t>(hk) * D + i] = y;
-      A.kv.v[cp * cache_row + static_cast<int64_t>(hk) * D + i] =
+      static_cast<float*>(A.kv.k)[cp * cache_row + static_cast<int64_t>(hk) * D + i] = y;
+      static_cast<float*>(A.kv.v)[cp * cache_row + static_cast<int64_t>(hk) * D + i] =
           A.v[(static_cast<int64_t>(t) * kvh + hk) * D + i];
     }
   }
@@ -148,8 +148,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
       bad = true;
       break;
     }
-    const float* kp = kv.k + cp * row + static_cast<int64_t>(kvh) * D;
-    const float* vp = kv.v + cp * row + static_cast<int64_t>(kvh) * D;
+    const float* kp = static_cast<const float*>(kv.k) + cp * row + static_cast<int64_t>(kvh) * D;
+    const float* vp = static_cast<const float*>(kv.v) + cp * row + static_cast<int64_t>(kvh) * D;
     float dot = 0.0f;
 #pragma unroll
     for (int i = 0; i < kMaxDPerLane; ++i) {
@@ -268,8 +268,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitA
         k4[j][c] = v4[j][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (cp[j] >= 0 && c < chunks) {
           const int64_t off = cp[j] * row + static_cast<int64_t>(kvh) * D + c * 128 + 4 * lane;
-          k4[j][c] = *reinterpret_cast<const float4*>(a.kv.k + off);
-          v4[j][c] = *reinterpret_cast<const float4*>(a.kv.v + off);
+          k4[j][c] = *reinterpret_cast<const float4*>(static_cast<const float*>(a.kv.k) + off);
+          v4[j][c] = *reinterpret_cast<const float4*>(static_cast<const float*>(a.kv.v) + off);
         }
       }
     }
@@ -411,6 +411,7 @@ size_t CudaBackend::attention_workspace_floats(int n_tokens, int heads, int head
 
 void CudaBackend::kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                             const float* k, const float* v) {
+  TM_CUDA_REQUIRE(kv.dtype == DType::F32, "kv_append: the CUDA backend keeps F32 KV caches");
   if (seqs.n_tokens <= 0) return;
   cuda::launch_pdl(cuda::kv_append_kernel, static_cast<unsigned>(seqs.n_tokens), 128, 0, stream_,
                    kv, paging, seqs, k, v);
@@ -422,6 +423,7 @@ void CudaBackend::attention_front(const KVLayerView& kv, const KVPaging& paging,
                                   const float* q_norm, const float* k_norm, float eps, int heads,
                                   int rot_dim, float theta, float* q, float* gate, float* k,
                                   const float* v) {
+  TM_CUDA_REQUIRE(kv.dtype == DType::F32, "attention_front: the CUDA backend keeps F32 KV caches");
   const int D = kv.head_dim;
   if (D < 1 || D > 1024 || rot_dim % 2 != 0 || rot_dim > D || heads + kv.kv_heads > 65535 ||
       (!gated && qp != q)) {
@@ -446,6 +448,7 @@ void CudaBackend::attention(const KVLayerView& kv, const KVPaging& paging, const
                             const float* q, int heads, float scale, float* out) {
   TM_CUDA_REQUIRE(kv.kv_heads > 0 && heads % kv.kv_heads == 0,
                   "attention: query heads must be a multiple of kv heads");
+  TM_CUDA_REQUIRE(kv.dtype == DType::F32, "attention: the CUDA backend keeps F32 KV caches");
   TM_CUDA_REQUIRE(kv.head_dim > 0 && kv.head_dim <= 32 * cuda::kMaxDPerLane,
                   "attention: head_dim must be in 1..256");
   TM_CUDA_REQUIRE(heads <= 65535, "attention: too many heads");

@@ -149,6 +149,62 @@ TEST(CpuAttention, DecodeSplitsLongContextsIntoMergedChunks) {
   check_paged_attention({0, 37, 0, 240}, {0, 1, 0, 1});
 }
 
+// A BF16 cache holds each appended value rounded to nearest-even BF16, and attention over it
+// equals attention over an F32 cache holding those rounded values (the loops are the same with a
+// widening load; 1e-6 relative leaves room for the compiler fusing a multiply-add in one copy
+// and not the other). Prefill rows (one pass) and decode rows (merged chunks).
+TEST(CpuAttention, Bf16CacheEqualsF32CacheOfRoundedValues) {
+  Backends b;
+  for (CpuBackend* be : b.all()) {
+    ASSERT_TRUE(be->supports_kv_dtype(DType::BF16));
+    ASSERT_FALSE(be->supports_kv_dtype(DType::F16));
+    Rng rng(12);
+    const int block_size = 16, kv_heads = 2, D = 40, H = 6, max_blocks = 16, S = 2;
+    const int row = kv_heads * D;
+    std::vector<int32_t> tables(S * max_blocks);
+    std::iota(tables.begin(), tables.end(), 0);
+    std::shuffle(tables.begin(), tables.end(), rng.gen);
+    const size_t cache_n = static_cast<size_t>(S * max_blocks * block_size * row);
+    std::vector<float> kf(cache_n, 0.0f), vf = kf;
+    std::vector<uint16_t> kb(cache_n, 0), vb = kb;
+    KVLayerView f32{kf.data(), vf.data(), block_size, kv_heads, D, DType::F32};
+    KVLayerView b16{kb.data(), vb.data(), block_size, kv_heads, D, DType::BF16};
+    // Step 1 fills positions 0..19 of seq 0 and 0..239 of seq 1; step 2 adds 30 rows to seq 0
+    // (prefill) and one to seq 1 (a decode at position 240: several merged chunks).
+    const std::vector<std::pair<std::vector<int>, std::vector<int>>> steps = {{{0, 0}, {20, 240}},
+                                                                              {{20, 240}, {30, 1}}};
+    for (const auto& [starts, lens] : steps) {
+      std::vector<int32_t> cu = {0}, positions, ctx;
+      for (int s = 0; s < S; ++s) {
+        for (int i = 0; i < lens[s]; ++i) positions.push_back(starts[s] + i);
+        cu.push_back(cu.back() + lens[s]);
+        ctx.push_back(starts[s] + lens[s]);
+      }
+      const int T = cu.back();
+      std::vector<float> k = rng.normals(static_cast<size_t>(T * row)), v = rng.normals(k.size());
+      std::vector<float> kr = k, vr = v;  // rounded to BF16 and back
+      for (float& x : kr) x = bf16_to_f32(f32_to_bf16(x));
+      for (float& x : vr) x = bf16_to_f32(f32_to_bf16(x));
+      KVPaging pg{tables.data(), max_blocks, ctx.data(), *std::max_element(ctx.begin(), ctx.end())};
+      SeqLayout sl{S, T, cu.data(), positions.data(), *std::max_element(lens.begin(), lens.end())};
+      be->kv_append(f32, pg, sl, kr.data(), vr.data());
+      be->kv_append(b16, pg, sl, k.data(), v.data());
+      for (size_t i = 0; i < cache_n; ++i) {
+        ASSERT_EQ(bf16_to_f32(kb[i]), kf[i]) << "k element " << i;
+        ASSERT_EQ(bf16_to_f32(vb[i]), vf[i]) << "v element " << i;
+      }
+      std::vector<float> q = rng.normals(static_cast<size_t>(T * H * D));
+      std::vector<float> want(q.size(), NAN), got(q.size(), NAN);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+      be->attention(f32, pg, sl, q.data(), H, scale, want.data());
+      be->attention(b16, pg, sl, q.data(), H, scale, got.data());
+      for (size_t i = 0; i < q.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 1e-6 * (1 + std::fabs(want[i]))) << be->isa() << " " << i;
+      }
+    }
+  }
+}
+
 TEST(CpuAttention, RejectsQueriesBeyondTheCache) {
   Backends b;
   std::vector<float> kc(16 * 4, 0.0f), vc = kc, q(4), out(4);

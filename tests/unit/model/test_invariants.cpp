@@ -82,6 +82,42 @@ INSTANTIATE_TEST_SUITE_P(Synthetic, Invariants,
                                            Case{"dense_q4", q4()}, Case{"moe_q3", moe_q3()}),
                          [](const auto& p) { return std::string(p.param.name); });
 
+// A BF16 KV cache: the invariants hold as they do with F32 (the same rounded values are read
+// whatever the chunking or batching), and the logits stay near the F32 cache's (K and V rounded
+// to 8 significant bits) without equalling them (the BF16 path really ran).
+TEST(Invariants, Bf16KvCache) {
+  std::string dir = temp_dir("bf16kv");
+  write_synthetic_checkpoint(dir, SyntheticSpec{});
+  Harness h(dir);
+  auto ids = random_ids(150, h.vocab(), 7);
+  auto other = random_ids(40, h.vocab(), 8);
+  auto f32 = h.run({ids}, 0)[0];
+  h.make_cache(4, 256, DType::BF16);
+  auto whole = h.run({ids}, 0)[0];
+  for (int chunk : {1, 64}) {
+    EXPECT_LT(max_abs_diff(whole, h.run({ids}, chunk)[0]), kTol) << "chunk " << chunk;
+  }
+  EXPECT_LT(max_abs_diff(whole, h.run({ids, other}, 16)[0]), kTol) << "batched";
+  double scale = 0;
+  for (float x : f32) scale = std::max(scale, std::fabs(static_cast<double>(x)));
+  const double d = max_abs_diff(whole, f32);
+  EXPECT_GT(d, 0.0);
+  EXPECT_LT(d, 0.02 * scale) << "largest logit " << scale;
+}
+
+TEST(Invariants, CacheRefusesKvTypesTheBackendCannotKeep) {
+  std::string dir = temp_dir("f16kv");
+  write_synthetic_checkpoint(dir, SyntheticSpec{});
+  Harness h(dir);
+  try {
+    h.make_cache(4, 16, DType::F16);
+    FAIL() << "an F16 KV cache was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not keep KV caches in F16"), std::string::npos)
+        << e.what();
+  }
+}
+
 // A damaged weight must change the logits: the invariant tests above would also pass on a model
 // that ignored its inputs, so check the forward depends on every layer kind.
 TEST(Invariants, OutputDependsOnInput) {

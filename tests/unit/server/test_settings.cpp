@@ -66,7 +66,7 @@ TEST(Settings, FullFileParses) {
     "models": ["/m/a", {"path": "/m/b", "name": "bee", "context_window": 4096,
                "max_output_tokens": 1024, "sampling": {"temperature": 0.6, "top_k": 20},
                "thinking": {"enabled": false, "budget_tokens": 100},
-               "speculative": {"enabled": false}, "kv_cache_dtype": "f32",
+               "speculative": {"enabled": false}, "kv_cache_dtype": "bf16",
                "pinned": true, "default": true}]
   })",
                               "/etc/s.json");
@@ -84,7 +84,7 @@ TEST(Settings, FullFileParses) {
   EXPECT_FALSE(s.models[1].thinking);
   EXPECT_EQ(s.models[1].thinking_budget, 100);
   EXPECT_FALSE(s.models[1].speculative);
-  EXPECT_EQ(s.models[1].kv_cache_dtype, "f32");
+  EXPECT_EQ(s.models[1].kv_cache_dtype, "bf16");
   EXPECT_EQ(s.models[0].kv_cache_dtype, "auto");
   EXPECT_TRUE(s.models[1].pinned);
   EXPECT_EQ(s.default_model, "bee");
@@ -209,12 +209,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{
             R"({"models": [{"path": "/a", "speculative": {"enabled": true, "draft_depth": 3}}]})",
             {"models[0].speculative.enabled", "not supported by this build yet"}},
-        BadCase{R"({"models": [{"path": "/a", "kv_cache_dtype": "bf16"}]})",
-                {"models[0].kv_cache_dtype", "'bf16'", "not supported by this build yet", "f32"}},
         BadCase{R"({"models": [{"path": "/a", "kv_cache_dtype": "fp8"}]})",
                 {"models[0].kv_cache_dtype", "'fp8'", "not supported by this build yet"}},
         BadCase{R"({"models": [{"path": "/a", "kv_cache_dtype": "f16"}]})",
-                {"models[0].kv_cache_dtype", "'f16'", "not supported by this build yet"}},
+                {"models[0].kv_cache_dtype", "'f16'", "not supported by this build yet", "bf16"}},
         BadCase{R"({"cache": {"prefix_cache": true}})",
                 {"cache.prefix_cache", "true", "not supported by this build yet"}},
         BadCase{R"({"models": [{"path": "/a", "default": true}, {"path": "/b", "default": true}]})",
@@ -267,15 +265,15 @@ TEST(Settings, PerModelFileIsReadAndConflictsAreErrors) {
 
 TEST(Settings, UnsupportedValueInAModelFileNamesThatFile) {
   TempDir dir;
-  dir.write("m.json", R"({"kv_cache_dtype": "bf16"})");
+  dir.write("m.json", R"({"kv_cache_dtype": "fp8"})");
   std::string main =
       dir.write("s.json", R"({"models": [{"path": "m", "settings_file": "m.json"}]})");
   try {
     load_settings(main);
-    FAIL() << "accepted kv_cache_dtype bf16";
+    FAIL() << "accepted kv_cache_dtype fp8";
   } catch (const Error& e) {
     EXPECT_THAT(std::string(e.what()),
-                AllOf(HasSubstr("m.json"), HasSubstr("kv_cache_dtype"), HasSubstr("'bf16'"),
+                AllOf(HasSubstr("m.json"), HasSubstr("kv_cache_dtype"), HasSubstr("'fp8'"),
                       HasSubstr("not supported by this build yet")));
   }
   // A reload that brings in such a value is rejected and the running settings stay.
