@@ -163,6 +163,8 @@ void run_server(const ServeOptions& o) {
   log::info("steps of up to {} tokens{}, prefill chunks of up to {}{} ({})", steps.max_step_tokens,
             steps.auto_step ? " (auto)" : "", steps.prefill_chunk,
             steps.auto_chunk ? " (auto)" : "", be.backend->name());
+  // Every model's weights first, then the engines: an automatic cache budget divides the device
+  // memory left after all the weights.
   for (const auto& ms : settings.models) {
     log::info("loading {} from {}", ms.name, ms.path);
     ServingModel lm;
@@ -174,13 +176,26 @@ void run_server(const ServeOptions& o) {
     } catch (const Error& e) {
       log::warn("{}: no usable chat template, chat routes will answer 400: {}", ms.name, e.what());
     }
+    loaded.push_back(std::move(lm));
+  }
+  const server::CacheBudget budget = server::cache_budget_for(
+      settings.cache, be.backend->free_memory_bytes(), static_cast<int>(settings.models.size()));
+  log::info("cache memory per model: {} MiB{}", budget.bytes >> 20,
+            budget.automatic ? (is_cpu_backend(*be.backend)
+                                    ? " (auto: the CPU default)"
+                                    : " (auto: 90% of the free device memory, less 3 GiB, "
+                                      "split between the models)")
+                             : "");
+  for (size_t i = 0; i < settings.models.size(); ++i) {
+    const server::ModelSettings& ms = settings.models[i];
+    ServingModel& lm = loaded[i];
     EngineOptions eo;
     eo.max_seqs = settings.limits.max_seqs;
     eo.max_step_tokens = steps.max_step_tokens;
     eo.prefill_chunk = steps.prefill_chunk;
     eo.prefer_decode = settings.limits.prefer_decode;
     eo.kv_block_size = settings.cache.kv_block_size;
-    eo.memory_budget_bytes = settings.cache.memory_budget_mb << 20;
+    eo.memory_budget_bytes = budget.bytes;
     eo.max_context = ms.context_window;
     const std::string kv = ms.kv_cache_dtype == "auto" ? server::kKvCacheDtype : ms.kv_cache_dtype;
     TM_CHECK(parse_kv_dtype(kv, &eo.kv_dtype), "kv_cache_dtype {}", kv);
@@ -197,7 +212,6 @@ void run_server(const ServeOptions& o) {
     sm.stop_ids = stop_ids_for(sm.generation_config, *lm.model, *lm.tokenizer);
     server::compute_token_bytes(sm);
     served.push_back(std::move(sm));
-    loaded.push_back(std::move(lm));
   }
 
   server::SettingsStore store(settings, overrides);

@@ -1,5 +1,7 @@
 // `tokenmill settings check [FILE]`: validate a settings file (and its per-model files) without
 // starting anything; prints a summary, or the first error with file, key path and reason.
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -34,9 +36,16 @@ void register_settings(CLI::App& app) {
       }
     }
     std::printf("%s: ok\n", path.c_str());
-    std::printf("  listen %s:%d, auth %s, max %d sequences, cache %lld MiB\n",
-                s.server.host.c_str(), s.server.port, s.auth.api_key.empty() ? "off" : "on",
-                s.limits.max_seqs, static_cast<long long>(s.cache.memory_budget_mb));
+    const server::CacheBudget cpu_cache = server::cache_budget_for(s.cache, -1, 1);
+    std::printf("  listen %s:%d, auth %s, max %d sequences, cache %s\n", s.server.host.c_str(),
+                s.server.port, s.auth.api_key.empty() ? "off" : "on", s.limits.max_seqs,
+                cpu_cache.automatic
+                    ? fmt::format("{} MiB per model (CPU); on a GPU 90% of the free device "
+                                  "memory after the weights, less 3 GiB, split between the models "
+                                  "(left out: sized for the device)",
+                                  cpu_cache.bytes >> 20)
+                          .c_str()
+                    : fmt::format("{} MiB per model", cpu_cache.bytes >> 20).c_str());
     const server::StepLimits cpu = server::step_limits_for(s.limits, false);
     const server::StepLimits gpu = server::step_limits_for(s.limits, true);
     std::printf("  steps of up to %d tokens, prefill chunks of %d (CPU); %d and %d (GPU)%s\n",

@@ -400,4 +400,21 @@ StepLimits step_limits_for(const LimitsSection& limits, bool gpu) {
   return r;
 }
 
+CacheBudget cache_budget_for(const CacheSection& cache, int64_t device_free_bytes,
+                             int auto_models) {
+  CacheBudget b;
+  if (cache.memory_budget_mb > 0) {
+    b.bytes = cache.memory_budget_mb << 20;
+    return b;
+  }
+  b.automatic = true;
+  if (device_free_bytes < 0) {
+    b.bytes = int64_t{2048} << 20;
+    return b;
+  }
+  const int64_t usable = device_free_bytes / 10 * 9 - kGpuScratchReserve;
+  b.bytes = std::max<int64_t>(int64_t{512} << 20, usable / std::max(1, auto_models));
+  return b;
+}
+
 }  // namespace tokenmill::server

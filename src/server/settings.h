@@ -9,7 +9,8 @@
 //    "auth":   {"api_key" | "api_key_env"},
 //    "limits": {"max_seqs", "max_queue", "max_step_tokens", "prefill_chunk", "prefer_decode",
 //               "max_n"},  (step sizes left out: sized for the device, step_limits_for)
-//    "cache":  {"memory_budget_mb", "kv_block_size", "prefix_cache"},
+//    "cache":  {"memory_budget_mb", "kv_block_size", "prefix_cache"},  (budget left out: sized
+//               for the device, cache_budget_for)
 //    "models": [ "DIR" | {"path": "DIR", "settings_file": "FILE", <model keys>} ],
 //    "default_model": "NAME"}
 // model keys (inline or in settings_file; a key in both places is a conflict):
@@ -95,10 +96,23 @@ struct StepLimits {
 StepLimits step_limits_for(const LimitsSection& limits, bool gpu);
 
 struct CacheSection {
-  int64_t memory_budget_mb = 2048;  // KV blocks + state slots, per model
+  int64_t memory_budget_mb = 0;  // KV blocks + state slots, per model; 0 (left out): auto
   int kv_block_size = 16;
   bool prefix_cache = false;  // true is rejected: the engine has no prefix cache yet
 };
+
+// The cache memory each model's engine gets (KV blocks + state slots), in bytes. Set: that.
+// Left out: 2048 MiB on the CPU (device_free_bytes < 0: host memory, shared with everything
+// else); on a GPU, 90% of the device memory free once every model's weights are loaded, less
+// kGpuScratchReserve for activations and workspaces, split evenly between the models that left
+// it out, and at least 512 MiB. Why: a fixed 2 GiB cannot hold the recurrent state of 16
+// sequences of a 27B model (about 150 MB each), so a default GPU server would not start.
+inline constexpr int64_t kGpuScratchReserve = int64_t{3} << 30;
+struct CacheBudget {
+  int64_t bytes = 0;
+  bool automatic = false;
+};
+CacheBudget cache_budget_for(const CacheSection& cache, int64_t device_free_bytes, int auto_models);
 
 struct Settings {
   ServerSection server;

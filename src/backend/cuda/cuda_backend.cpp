@@ -85,6 +85,12 @@ void* CudaBackend::alloc(size_t bytes) {
   return p;
 }
 
+int64_t CudaBackend::free_memory_bytes() const {
+  size_t free_b = 0, total_b = 0;
+  TM_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  return static_cast<int64_t>(free_b);
+}
+
 void CudaBackend::free(void* p) {
   if (p) TM_CUDA(cudaFree(p));
 }

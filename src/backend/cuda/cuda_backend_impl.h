@@ -44,6 +44,7 @@ class CudaBackend final : public Backend {
   // once for all rows; 4-bit weights: up to cuda::kQ4GemvMaxRows); above, the tiled GEMM.
   static constexpr int64_t kGemvMaxRows = 16;
 
+  int64_t free_memory_bytes() const override;
   void* alloc(size_t bytes) override;
   void free(void* p) override;
   void upload(void* dst, const void* src, size_t bytes) override;

@@ -93,6 +93,30 @@ TEST(Settings, FullFileParses) {
   EXPECT_EQ(s.find_model("zzz"), nullptr);
 }
 
+// A cache budget left out is sized for the device: 2048 MiB on the CPU, on a GPU 90% of the
+// free memory less the scratch reserve, split between the models, never below 512 MiB; a given
+// budget is used as is.
+TEST(Settings, CacheBudgetFollowsTheDeviceWhenLeftOut) {
+  const Settings none = parse_settings(R"({})", "");
+  constexpr int64_t GiB = int64_t{1} << 30, MiB = int64_t{1} << 20;
+  const CacheBudget cpu = cache_budget_for(none.cache, -1, 2);
+  EXPECT_TRUE(cpu.automatic);
+  EXPECT_EQ(cpu.bytes, 2048 * MiB);
+  const int64_t free_b = 100 * GiB;
+  const CacheBudget one = cache_budget_for(none.cache, free_b, 1);
+  EXPECT_TRUE(one.automatic);
+  EXPECT_EQ(one.bytes, free_b / 10 * 9 - kGpuScratchReserve);
+  EXPECT_EQ(cache_budget_for(none.cache, free_b, 3).bytes,
+            (free_b / 10 * 9 - kGpuScratchReserve) / 3);
+  EXPECT_EQ(cache_budget_for(none.cache, 2 * GiB, 1).bytes, 512 * MiB) << "the floor";
+  const Settings given = parse_settings(R"({"cache": {"memory_budget_mb": 4096}})", "");
+  for (int64_t dev : {int64_t{-1}, free_b}) {
+    const CacheBudget g = cache_budget_for(given.cache, dev, 2);
+    EXPECT_FALSE(g.automatic);
+    EXPECT_EQ(g.bytes, 4096 * MiB);
+  }
+}
+
 // Step sizes left out are sized for the device; given ones are kept, and a value given alone
 // adjusts the automatic other so that a prefill chunk fits in a step.
 TEST(Settings, StepLimitsFollowTheDeviceWhenLeftOut) {
