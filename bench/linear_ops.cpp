@@ -3,6 +3,10 @@
 // enough copies that the weights never sit in a cache (>= 512 MB per format). Prints the
 // weight GB/s of each kernel and its share of the read bandwidth Backend::read_probe measures
 // on the same device. Weights are dummy values filled where they live (Backend::fill_random).
+// Then a size sweep of the 4-bit GEMV at n = 1 (0.3-100 MB matrices, the 35B-A3B's experts to
+// the 27B's MLP): microseconds per call when the calls run back to back as in a decode step
+// (recorded once and replayed where the backend records, so launch costs are the device's, not
+// the host's), and a least-squares line: fixed microseconds per call + bytes at a marginal rate.
 //
 //   tm_bench_linear_ops [--device cpu|cuda|auto] [--reps N]
 #include <CLI/CLI.hpp>
@@ -75,6 +79,71 @@ double time_linear(Backend& be, const std::vector<Weight>& ws, const float* x, i
   return best;
 }
 
+// Microseconds per call of `ws` run back to back (each matrix once per pass), best of `reps`
+// passes; recorded and replayed where the backend can.
+double us_per_call(Backend& be, const std::vector<Weight>& ws, const float* x, float* out,
+                   int reps) {
+  int64_t rec = -1;
+  if (be.can_record()) {
+    be.synchronize();
+    be.begin_recording();
+    for (const Weight& w : ws) be.linear(x, 1, w, out);
+    rec = be.end_recording(true);
+  }
+  double best = 1e30;
+  for (int r = 0; r < reps + 1; ++r) {
+    be.synchronize();
+    const auto t0 = Clock::now();
+    if (rec >= 0) {
+      be.replay(rec);
+    } else {
+      for (const Weight& w : ws) be.linear(x, 1, w, out);
+    }
+    be.synchronize();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r > 0) best = std::min(best, s * 1e6 / static_cast<double>(ws.size()));
+  }
+  if (rec >= 0) be.forget_recording(rec);
+  return best;
+}
+
+void size_sweep(Backend& be, const float* x, float* out, double bw, int reps) {
+  std::printf("\n4-bit g64 GEMV, 1 row, calls back to back%s:\n",
+              be.can_record() ? " (replayed recording)" : "");
+  std::printf("%-14s %10s %10s %10s %8s\n", "shape", "MB", "us/call", "GB/s", "% bw");
+  const Format q4{"q4g64", 4};
+  std::vector<double> mb, us;
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{512, 2048},
+                                                                           {2048, 2048},
+                                                                           {8192, 2048},
+                                                                           {5120, 6144},
+                                                                           {16480, 5120},
+                                                                           {5120, 17408},
+                                                                           {34816, 5120}}) {
+    std::vector<void*> owned;
+    const double bytes = rows * cols * (0.5 + 4.0 / 64);
+    const int copies = static_cast<int>(std::clamp(512e6 / bytes, 4.0, 256.0));
+    std::vector<Weight> ws = make_weights(be, q4, rows, cols, copies, owned);
+    const double t = us_per_call(be, ws, x, out, reps);
+    std::printf("%6lldx%-7lld %10.2f %10.2f %10.1f %7.1f%%\n", static_cast<long long>(rows),
+                static_cast<long long>(cols), bytes / 1e6, t, bytes / t / 1e3,
+                100.0 * bytes / t / 1e3 / bw);
+    mb.push_back(bytes / 1e6);
+    us.push_back(t);
+    be.synchronize();
+    for (void* p : owned) be.free(p);
+  }
+  // us = a + b * MB by least squares: a is the fixed cost of a call, 1e3 / b the marginal GB/s.
+  const double k = static_cast<double>(mb.size());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < mb.size(); ++i) {
+    sx += mb[i], sy += us[i], sxx += mb[i] * mb[i], sxy += mb[i] * us[i];
+  }
+  const double b = (k * sxy - sx * sy) / (k * sxx - sx * sx), a = (sy - b * sx) / k;
+  std::printf("fit: %.2f us per call + bytes at %.1f GB/s (%.1f%% of the read bandwidth)\n", a,
+              1e3 / b, 100.0 * 1e3 / b / bw);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -131,6 +200,7 @@ int main(int argc, char** argv) {
       for (void* p : owned) be.free(p);
     }
   }
+  size_sweep(be, static_cast<const float*>(x), static_cast<float*>(out), bw, reps);
   be.free(x);
   be.free(out);
   return 0;

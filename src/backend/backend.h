@@ -175,8 +175,8 @@ class Backend {
   virtual void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) = 0;
 
   // Several linears of the same input in one call: outs[i][n, ws[i].rows] = x @ ws[i]^T for
-  // i < count (plain matrices). Decode runs one kernel over all of them instead of `count`.
-  // The default calls linear() for each.
+  // i < count (plain matrices, possibly of different formats). Decode runs one kernel over the
+  // matrices of each format instead of one per matrix. The default calls linear() for each.
   virtual void linear_multi(const float* x, int64_t n, const Weight* const* ws, float* const* outs,
                             int count) {
     for (int i = 0; i < count; ++i) linear(x, n, *ws[i], outs[i]);

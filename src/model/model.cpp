@@ -401,15 +401,20 @@ void Model::ffn_block(const FFNWeights& f, int T) {
     return;
   }
   const int E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
-  backend_.linear(s.h, T, f.router, s.router);
+  // Every projection of the normed input at once (router, shared expert gate and up, shared
+  // gate): a backend launches the ones of one format together.
+  if (f.has_shared) {
+    const Weight* ws[] = {&f.router, &f.gate_proj, &f.up_proj, &f.shared_gate};
+    float* outs[] = {s.router, s.ff_gate, s.ff_up, s.sg};
+    backend_.linear_multi(s.h, T, ws, outs, 4);
+  } else {
+    backend_.linear(s.h, T, f.router, s.router);
+  }
   backend_.topk_softmax(s.router, T, E, K, cfg_.norm_topk_prob, s.topi, s.topw);
   backend_.moe(s.h, T, K, s.topi, s.topw, f.experts_gate, f.experts_up, f.experts_down, s.ff_out,
                s.moe_scratch);
   if (f.has_shared) {
     const int64_t I = f.gate_proj.rows;
-    const Weight* ws[] = {&f.gate_proj, &f.up_proj, &f.shared_gate};
-    float* outs[] = {s.ff_gate, s.ff_up, s.sg};
-    backend_.linear_multi(s.h, T, ws, outs, 3);
     backend_.silu_mul(s.ff_gate, s.ff_up, s.ff_act, T * I);
     backend_.linear(s.ff_act, T, f.down_proj, s.mix);
     backend_.scale_rows_sigmoid(s.mix, s.sg, T, static_cast<int>(H));
