@@ -102,7 +102,7 @@ if want cpu; then
 fi
 if want linops; then
   stage linops 90 "$BUILD/bench/tm_bench_linear_ops" --device cuda && true
-  tail -30 "$OUT/linops.log" >> "$SUMMARY"
+  tail -42 "$OUT/linops.log" >> "$SUMMARY"
 fi
 if want bench; then
   # Dummy weights are generated on the device (no files). BENCH_PRESETS: "preset:quant ...".
