@@ -2,6 +2,7 @@
 // warps per (query row, query head); warp w scores keys w, w+4, ... with an online softmax
 // (running max, sum and F32 accumulator per warp), and the 4 partial states are merged at the
 // end. head_dim <= 256 (8 values per lane).
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,6 +27,31 @@ __device__ __forceinline__ int64_t cache_pos(const int32_t* tables, int max_bloc
   return static_cast<int64_t>(block) * block_size + p % block_size;
 }
 
+// KV cache elements: F32, or BF16 kept as its 16 bits (uint16_t), rounded to nearest even when
+// stored (as the CPU backend rounds). Loads widen to F32.
+__device__ __forceinline__ float kv_load(const float* p, int64_t i) {
+  return p[i];
+}
+__device__ __forceinline__ float kv_load(const uint16_t* p, int64_t i) {
+  return __uint_as_float(static_cast<uint32_t>(p[i]) << 16);
+}
+__device__ __forceinline__ void kv_store(float* p, int64_t i, float x) {
+  p[i] = x;
+}
+__device__ __forceinline__ void kv_store(uint16_t* p, int64_t i, float x) {
+  p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+// Four consecutive elements from a 16-byte (F32) or 8-byte (BF16) aligned address.
+__device__ __forceinline__ float4 kv_load4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 kv_load4(const uint16_t* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
+template <typename T>
 __global__ void kv_append_kernel(KVLayerView kv, KVPaging pg, SeqLayout seqs,
                                  const float* __restrict__ k, const float* __restrict__ v) {
   pdl_begin();
@@ -37,8 +63,8 @@ __global__ void kv_append_kernel(KVLayerView kv, KVPaging pg, SeqLayout seqs,
   if (cp < 0) return;
   const int64_t row = static_cast<int64_t>(kv.kv_heads) * kv.head_dim;
   for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
-    static_cast<float*>(kv.k)[cp * row + i] = k[t * row + i];
-    static_cast<float*>(kv.v)[cp * row + i] = v[t * row + i];
+    kv_store(static_cast<T*>(kv.k), cp * row + i, k[t * row + i]);
+    kv_store(static_cast<T*>(kv.v), cp * row + i, v[t * row + i]);
   }
 }
 
@@ -57,6 +83,7 @@ struct AttnFrontArgs {
   float eps;
 };
 
+template <typename T>
 __global__ void attention_front_kernel(AttnFrontArgs A, RopeFreqs f) {
   pdl_begin();
   extern __shared__ float row[];  // [head_dim]
@@ -107,13 +134,14 @@ __global__ void attention_front_kernel(AttnFrontArgs A, RopeFreqs f) {
     }
     dst[i] = y;
     if (cp >= 0) {
-      static_cast<float*>(A.kv.k)[cp * cache_row + static_cast<int64_t>(hk) * D + i] = y;
-      static_cast<float*>(A.kv.v)[cp * cache_row + static_cast<int64_t>(hk) * D + i] =
-          A.v[(static_cast<int64_t>(t) * kvh + hk) * D + i];
+      const int64_t at = cp * cache_row + static_cast<int64_t>(hk) * D + i;
+      kv_store(static_cast<T*>(A.kv.k), at, y);
+      kv_store(static_cast<T*>(A.kv.v), at, A.v[(static_cast<int64_t>(t) * kvh + hk) * D + i]);
     }
   }
 }
 
+template <typename T>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     attention_kernel(KVLayerView kv, KVPaging pg, SeqLayout seqs, const float* __restrict__ q,
                      int heads, float scale, float* __restrict__ out) {
@@ -148,13 +176,13 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
       bad = true;
       break;
     }
-    const float* kp = static_cast<const float*>(kv.k) + cp * row + static_cast<int64_t>(kvh) * D;
-    const float* vp = static_cast<const float*>(kv.v) + cp * row + static_cast<int64_t>(kvh) * D;
+    const T* kp = static_cast<const T*>(kv.k) + cp * row + static_cast<int64_t>(kvh) * D;
+    const T* vp = static_cast<const T*>(kv.v) + cp * row + static_cast<int64_t>(kvh) * D;
     float dot = 0.0f;
 #pragma unroll
     for (int i = 0; i < kMaxDPerLane; ++i) {
       const int d = lane + 32 * i;
-      if (d < D) dot += qr[i] * kp[d];
+      if (d < D) dot += qr[i] * kv_load(kp, d);
     }
     const float sc = scale * warp_sum(dot);
     const float mn = fmaxf(m, sc);
@@ -164,7 +192,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 #pragma unroll
     for (int i = 0; i < kMaxDPerLane; ++i) {
       const int d = lane + 32 * i;
-      acc[i] = acc[i] * c + (d < D ? e * vp[d] : 0.0f);
+      acc[i] = acc[i] * c + (d < D ? e * kv_load(vp, d) : 0.0f);
     }
     m = mn;
   }
@@ -222,7 +250,7 @@ struct SplitArgs {
   float* ws;              // [n_tokens, heads, splits] x (D + 2): acc[D], m, l
 };
 
-template <int R>
+template <int R, typename T>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitArgs a) {
   pdl_begin();
   constexpr int kDims = 8;  // per lane: D <= 256
@@ -268,8 +296,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitA
         k4[j][c] = v4[j][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (cp[j] >= 0 && c < chunks) {
           const int64_t off = cp[j] * row + static_cast<int64_t>(kvh) * D + c * 128 + 4 * lane;
-          k4[j][c] = *reinterpret_cast<const float4*>(static_cast<const float*>(a.kv.k) + off);
-          v4[j][c] = *reinterpret_cast<const float4*>(static_cast<const float*>(a.kv.v) + off);
+          k4[j][c] = kv_load4(static_cast<const T*>(a.kv.k) + off);
+          v4[j][c] = kv_load4(static_cast<const T*>(a.kv.v) + off);
         }
       }
     }
@@ -395,6 +423,26 @@ int split_count(int context_capacity, int positions) {
                           positions);
 }
 
+// Calls f(T{}) with T the cache's element type: float (F32) or uint16_t (BF16 bits).
+template <class F>
+void with_kv_type(DType dtype, F&& f) {
+  if (dtype == DType::BF16) {
+    f(uint16_t{});
+  } else {
+    f(float{});
+  }
+}
+
+template <typename T>
+void launch_split(cudaStream_t st, int group, dim3 grid, const SplitArgs& a) {
+  using Kernel = void (*)(SplitArgs);
+  static constexpr Kernel kKernels[kMaxGroup] = {
+      attention_split_kernel<1, T>, attention_split_kernel<2, T>, attention_split_kernel<3, T>,
+      attention_split_kernel<4, T>, attention_split_kernel<5, T>, attention_split_kernel<6, T>,
+      attention_split_kernel<7, T>, attention_split_kernel<8, T>};
+  launch_pdl(kKernels[group - 1], grid, dim3(kAttnWarps * 32), 0, st, a);
+}
+
 }  // namespace
 }  // namespace tokenmill::cuda
 
@@ -411,10 +459,12 @@ size_t CudaBackend::attention_workspace_floats(int n_tokens, int heads, int head
 
 void CudaBackend::kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                             const float* k, const float* v) {
-  TM_CUDA_REQUIRE(kv.dtype == DType::F32, "kv_append: the CUDA backend keeps F32 KV caches");
+  TM_CUDA_REQUIRE(supports_kv_dtype(kv.dtype), "kv_append: KV caches are F32 or BF16");
   if (seqs.n_tokens <= 0) return;
-  cuda::launch_pdl(cuda::kv_append_kernel, static_cast<unsigned>(seqs.n_tokens), 128, 0, stream_,
-                   kv, paging, seqs, k, v);
+  cuda::with_kv_type(kv.dtype, [&](auto tag) {
+    cuda::launch_pdl(cuda::kv_append_kernel<decltype(tag)>, static_cast<unsigned>(seqs.n_tokens),
+                     128, 0, stream_, kv, paging, seqs, k, v);
+  });
   TM_CUDA_LAUNCHED();
 }
 
@@ -423,7 +473,7 @@ void CudaBackend::attention_front(const KVLayerView& kv, const KVPaging& paging,
                                   const float* q_norm, const float* k_norm, float eps, int heads,
                                   int rot_dim, float theta, float* q, float* gate, float* k,
                                   const float* v) {
-  TM_CUDA_REQUIRE(kv.dtype == DType::F32, "attention_front: the CUDA backend keeps F32 KV caches");
+  TM_CUDA_REQUIRE(supports_kv_dtype(kv.dtype), "attention_front: KV caches are F32 or BF16");
   const int D = kv.head_dim;
   if (D < 1 || D > 1024 || rot_dim % 2 != 0 || rot_dim > D || heads + kv.kv_heads > 65535 ||
       (!gated && qp != q)) {
@@ -436,9 +486,11 @@ void CudaBackend::attention_front(const KVLayerView& kv, const KVPaging& paging,
                               gate, k,      heads, rot_dim / 2, rot_dim, gated,  eps};
   const dim3 grid(static_cast<unsigned>(seqs.n_tokens), static_cast<unsigned>(heads + kv.kv_heads));
   const int threads = std::min(256, (D + 31) / 32 * 32);
-  cuda::launch_pdl(cuda::attention_front_kernel, grid, threads,
-                   static_cast<size_t>(D) * sizeof(float), stream_, a,
-                   cuda::rope_freqs(theta, rot_dim));
+  cuda::with_kv_type(kv.dtype, [&](auto tag) {
+    cuda::launch_pdl(cuda::attention_front_kernel<decltype(tag)>, grid, threads,
+                     static_cast<size_t>(D) * sizeof(float), stream_, a,
+                     cuda::rope_freqs(theta, rot_dim));
+  });
   TM_CUDA_LAUNCHED();
 }
 
@@ -448,7 +500,7 @@ void CudaBackend::attention(const KVLayerView& kv, const KVPaging& paging, const
                             const float* q, int heads, float scale, float* out) {
   TM_CUDA_REQUIRE(kv.kv_heads > 0 && heads % kv.kv_heads == 0,
                   "attention: query heads must be a multiple of kv heads");
-  TM_CUDA_REQUIRE(kv.dtype == DType::F32, "attention: the CUDA backend keeps F32 KV caches");
+  TM_CUDA_REQUIRE(supports_kv_dtype(kv.dtype), "attention: KV caches are F32 or BF16");
   TM_CUDA_REQUIRE(kv.head_dim > 0 && kv.head_dim <= 32 * cuda::kMaxDPerLane,
                   "attention: head_dim must be in 1..256");
   TM_CUDA_REQUIRE(heads <= 65535, "attention: too many heads");
@@ -464,33 +516,8 @@ void CudaBackend::attention(const KVLayerView& kv, const KVPaging& paging, const
         positions, attn_ws_};
     const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(kv.kv_heads),
                     static_cast<unsigned>(seqs.n_tokens));
-    const int threads = cuda::kAttnWarps * 32;
-    switch (r) {
-      case 1:
-        cuda::launch_pdl(cuda::attention_split_kernel<1>, grid, threads, 0, stream_, a);
-        break;
-      case 2:
-        cuda::launch_pdl(cuda::attention_split_kernel<2>, grid, threads, 0, stream_, a);
-        break;
-      case 3:
-        cuda::launch_pdl(cuda::attention_split_kernel<3>, grid, threads, 0, stream_, a);
-        break;
-      case 4:
-        cuda::launch_pdl(cuda::attention_split_kernel<4>, grid, threads, 0, stream_, a);
-        break;
-      case 5:
-        cuda::launch_pdl(cuda::attention_split_kernel<5>, grid, threads, 0, stream_, a);
-        break;
-      case 6:
-        cuda::launch_pdl(cuda::attention_split_kernel<6>, grid, threads, 0, stream_, a);
-        break;
-      case 7:
-        cuda::launch_pdl(cuda::attention_split_kernel<7>, grid, threads, 0, stream_, a);
-        break;
-      default:
-        cuda::launch_pdl(cuda::attention_split_kernel<8>, grid, threads, 0, stream_, a);
-        break;
-    }
+    cuda::with_kv_type(kv.dtype,
+                       [&](auto tag) { cuda::launch_split<decltype(tag)>(stream_, r, grid, a); });
     TM_CUDA_LAUNCHED();
     cuda::launch_pdl(cuda::attention_combine_kernel, static_cast<unsigned>(seqs.n_tokens * heads),
                      128, 0, stream_, attn_ws_, a.splits, kv.head_dim, out);
@@ -498,8 +525,10 @@ void CudaBackend::attention(const KVLayerView& kv, const KVPaging& paging, const
     return;
   }
   const dim3 grid(static_cast<unsigned>(seqs.n_tokens), static_cast<unsigned>(heads));
-  cuda::launch_pdl(cuda::attention_kernel, grid, cuda::kAttnWarps * 32, 0, stream_, kv, paging,
-                   seqs, q, heads, scale, out);
+  cuda::with_kv_type(kv.dtype, [&](auto tag) {
+    cuda::launch_pdl(cuda::attention_kernel<decltype(tag)>, grid, cuda::kAttnWarps * 32, 0, stream_,
+                     kv, paging, seqs, q, heads, scale, out);
+  });
   TM_CUDA_LAUNCHED();
 }
 

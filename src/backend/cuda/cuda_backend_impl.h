@@ -85,6 +85,9 @@ class CudaBackend final : public Backend {
 
   void rope(float* x, const int32_t* positions, int n_tokens, int heads, int head_dim,
             int64_t token_stride, int rot_dim, float theta) override;
+  bool supports_kv_dtype(DType dtype) const override {
+    return dtype == DType::F32 || dtype == DType::BF16;
+  }
   void kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                  const float* k, const float* v) override;
   size_t attention_workspace_floats(int n_tokens, int heads, int head_dim,

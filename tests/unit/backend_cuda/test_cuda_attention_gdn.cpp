@@ -89,6 +89,112 @@ TEST_F(CudaAttention, PagedCausalGqaTwoSteps) {
   }
 }
 
+std::vector<float> widen_bf16(const std::vector<uint16_t>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = bf16_to_f32(v[i]);
+  return f;
+}
+
+// BF16 caches: kv_append rounds as the CPU does (the caches are equal bit for bit), attention
+// (one pass and split) matches the CPU's over the same BF16 cache, and the fused front writes
+// the rounded k and v (k within one BF16 step: the CPU's and the GPU's F32 k differ in the last
+// bits and may round apart).
+TEST_F(CudaAttention, Bf16CacheMatchesCpu) {
+  Rng rng(26);
+  for (int D : {128, 256}) {
+    const int block_size = 16, kv_heads = 2, heads = 6, max_blocks = 16, num_blocks = 40, S = 4;
+    const int64_t row = int64_t{kv_heads} * D;
+    const size_t cache_n = static_cast<size_t>(num_blocks) * block_size * row;
+    std::vector<uint16_t> kc(cache_n, 0), vc(cache_n, 0);
+    uint16_t* dk = up(kc);
+    uint16_t* dv = up(vc);
+    std::vector<int32_t> phys(num_blocks);
+    std::iota(phys.begin(), phys.end(), 0);
+    std::shuffle(phys.begin(), phys.end(), rng.gen);
+    std::vector<int32_t> tables(static_cast<size_t>(S) * max_blocks, -1);
+    for (int s = 0; s < S; ++s) {
+      for (int b = 0; b < 9; ++b) tables[static_cast<size_t>(s) * max_blocks + b] = phys[s * 9 + b];
+    }
+    int32_t* dtables = up(tables);
+    std::vector<int> prev = {0, 17, 100, 3};
+    for (const std::vector<int>& add :
+         {std::vector<int>{5, 1, 30, 1}, std::vector<int>{1, 12, 1, 2}}) {
+      std::vector<int32_t> cu = {0}, positions, ctx;
+      for (int s = 0; s < S; ++s) {
+        for (int i = 0; i < add[s]; ++i) positions.push_back(prev[s] + i);
+        cu.push_back(cu.back() + add[s]);
+        ctx.push_back(prev[s] + add[s]);
+      }
+      const int T = cu.back();
+      std::vector<float> k = rng.normals(static_cast<size_t>(T) * row), v = rng.normals(k.size());
+      std::vector<float> q = rng.normals(static_cast<size_t>(T) * heads * D);
+      SeqLayout seqs{S, T, cu.data(), positions.data(), *std::max_element(add.begin(), add.end())};
+      KVPaging pg{tables.data(), max_blocks, ctx.data(), *std::max_element(ctx.begin(), ctx.end())};
+      KVLayerView kv{kc.data(), vc.data(), block_size, kv_heads, D, DType::BF16};
+      cpu->kv_append(kv, pg, seqs, k.data(), v.data());
+      std::vector<float> want(q.size());
+      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+      cpu->attention(kv, pg, seqs, q.data(), heads, scale, want.data());
+      SeqLayout dseqs = seqs;
+      dseqs.cu_seqlens = up(cu);
+      dseqs.positions = up(positions);
+      KVPaging dpg = pg;
+      dpg.block_tables = dtables;
+      dpg.context_lens = up(ctx);
+      KVLayerView dkv{dk, dv, block_size, kv_heads, D, DType::BF16};
+      gpu->kv_append(dkv, dpg, dseqs, up(k), up(v));
+      EXPECT_EQ(down(dk, cache_n), kc) << "bf16 k cache, D=" << D;
+      EXPECT_EQ(down(dv, cache_n), vc) << "bf16 v cache, D=" << D;
+      float* dq = up(q);
+      float* dout = poisoned(want.size());
+      gpu->set_attention_workspace(nullptr, 0);
+      gpu->attention(dkv, dpg, dseqs, dq, heads, scale, dout);
+      expect_close(down(dout, want.size()), want, 1e-5, "bf16 attention D=" + std::to_string(D));
+      const size_t ws = gpu->attention_workspace_floats(T, heads, D, max_blocks * block_size);
+      ASSERT_GT(ws, 0u);
+      gpu->set_attention_workspace(poisoned(ws), ws);
+      float* dsplit = poisoned(want.size());
+      gpu->attention(dkv, dpg, dseqs, dq, heads, scale, dsplit);
+      expect_close(down(dsplit, want.size()), want, 1e-5,
+                   "bf16 split attention D=" + std::to_string(D));
+      gpu->set_attention_workspace(nullptr, 0);
+      for (int s = 0; s < S; ++s) prev[s] += add[s];
+    }
+    // The fused front appends the next token of each sequence.
+    std::vector<int32_t> cu = {0}, positions, ctx;
+    for (int s = 0; s < S; ++s) {
+      positions.push_back(prev[s]);
+      cu.push_back(s + 1);
+      ctx.push_back(prev[s] + 1);
+    }
+    const int T = S;
+    std::vector<float> qp = rng.normals(static_cast<size_t>(T) * heads * D * 2, 3.0f);
+    std::vector<float> k = rng.normals(static_cast<size_t>(T) * row, 3.0f);
+    std::vector<float> v = rng.normals(k.size());
+    std::vector<float> qn = rng.normals(static_cast<size_t>(D), 0.5f);
+    std::vector<float> kn = rng.normals(static_cast<size_t>(D), 0.5f);
+    SeqLayout seqs{S, T, cu.data(), positions.data(), 1};
+    KVPaging pg{tables.data(), max_blocks, ctx.data(), *std::max_element(ctx.begin(), ctx.end())};
+    KVLayerView kv{kc.data(), vc.data(), block_size, kv_heads, D, DType::BF16};
+    const size_t nq = static_cast<size_t>(T) * heads * D;
+    std::vector<float> q(nq), gate(nq), kw = k;
+    cpu->attention_front(kv, pg, seqs, qp.data(), true, qn.data(), kn.data(), 1e-6f, heads, 64,
+                         1e6f, q.data(), gate.data(), kw.data(), v.data());
+    SeqLayout dseqs = seqs;
+    dseqs.cu_seqlens = up(cu);
+    dseqs.positions = up(positions);
+    KVPaging dpg = pg;
+    dpg.block_tables = dtables;
+    dpg.context_lens = up(ctx);
+    KVLayerView dkv{dk, dv, block_size, kv_heads, D, DType::BF16};
+    gpu->attention_front(dkv, dpg, dseqs, up(qp), true, up(qn), up(kn), 1e-6f, heads, 64, 1e6f,
+                         poisoned(nq), poisoned(nq), up(k), up(v));
+    expect_close(widen_bf16(down(dk, cache_n)), widen_bf16(kc), 8e-3,
+                 "bf16 front k cache D=" + std::to_string(D));
+    EXPECT_EQ(down(dv, cache_n), vc) << "bf16 front v cache D=" << D;
+  }
+}
+
 // attention_front, fused on CUDA: gated and plain q_proj rows, partial and full rotation,
 // tokens of two sequences at scattered positions; q, gate, k and both caches against the CPU's
 // op-by-op form (the v cache exactly: copies).

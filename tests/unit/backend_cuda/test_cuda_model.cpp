@@ -103,5 +103,27 @@ TEST(CudaDemoModel, LogprobsMatchTransformers) {
   check_model(demo.string(), ref["texts"], "next_logprobs", "demo");
 }
 
+// The demo model with BF16 KV caches on both backends: the same logprobs within the F32
+// tolerance (both read the same rounded K and V; a value whose F32 form differs in the last bit
+// may round to a neighbouring BF16, which the tolerance covers).
+TEST(CudaDemoModel, Bf16KvCacheMatchesCpu) {
+  TM_REQUIRE_CUDA_DEVICE();
+  const fs::path demo = fs::path(TM_SOURCE_DIR) / "models/demo";
+  const nlohmann::json ref =
+      load_json(fs::path(TM_SOURCE_DIR) / "tests/fixtures/demo/demo_logprobs.json");
+  testing::Harness g(demo.string(), make_cuda_backend(0), 8, 512);
+  testing::Harness c(demo.string());
+  g.make_cache(8, 512, DType::BF16);
+  c.make_cache(4, 512, DType::BF16);
+  double worst = 0;
+  for (const auto& e : ref["texts"]) {
+    const auto ids = e["ids"].get<std::vector<int32_t>>();
+    worst = std::max(worst, worst_diff(logprobs(g, ids, g.run({ids}, 7)[0]),
+                                       logprobs(c, ids, c.run({ids}, 0)[0])));
+  }
+  std::printf("[cuda model] demo, bf16 KV: worst |cuda - cpu| logprob %.3g\n", worst);
+  EXPECT_LT(worst, kLogprobTol);
+}
+
 }  // namespace
 }  // namespace tokenmill::cudatest
