@@ -253,30 +253,37 @@ void CudaBackend::linear(const float* x, int64_t n, const Weight& w, float* out,
 void CudaBackend::linear_multi(const float* x, int64_t n, const Weight* const* ws,
                                float* const* outs, int count) {
   if (n <= 0 || count <= 0) return;
-  // One launch when every matrix has the same fast kernel and the same input width.
-  bool fused = n <= cuda::kQ4GemvMaxRows && count <= cuda::kMaxGemvJobs &&
-               reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  cuda::GemvJobs jobs;
-  cuda::GemvKind kind = cuda::GemvKind::kNone;
-  for (int i = 0; i < count && fused; ++i) {
-    const DevMat m = cuda::make_devmat(*ws[i], 0);
-    const cuda::GemvKind k = fast_kind(m, n, kGemvWorkspaceBytes);
-    if (k == cuda::GemvKind::kNone || n > gemv_max_rows(k) ||
-        (i > 0 && (k != kind || m.cols != jobs.m[0].cols || m.group != jobs.m[0].group ||
-                   m.sdtype != jobs.m[0].sdtype))) {
-      fused = false;
-      break;
+  // One launch per group of matrices that share a fast kernel, input width, group size and scale
+  // type (e.g. a MoE layer's bf16 router and shared gate, and its 4-bit shared gate and up);
+  // anything without a fast kernel at this n goes through linear().
+  const bool aligned = n <= cuda::kQ4GemvMaxRows && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  bool done[16] = {};
+  TM_CUDA_REQUIRE(count <= 16, "linear_multi: at most 16 matrices");
+  for (int i = 0; i < count; ++i) {
+    if (done[i]) continue;
+    const DevMat mi = cuda::make_devmat(*ws[i], 0);
+    const cuda::GemvKind kind = aligned ? fast_kind(mi, n, kGemvWorkspaceBytes)
+                                        : cuda::GemvKind::kNone;
+    if (kind == cuda::GemvKind::kNone || n > gemv_max_rows(kind)) {
+      linear(x, n, *ws[i], outs[i]);
+      done[i] = true;
+      continue;
     }
-    kind = k;
-    jobs.m[i] = m;
-    jobs.out[i] = outs[i];
-    jobs.count = i + 1;
+    cuda::GemvJobs jobs;
+    for (int j = i; j < count && jobs.count < cuda::kMaxGemvJobs; ++j) {
+      if (done[j]) continue;
+      const DevMat m = j == i ? mi : cuda::make_devmat(*ws[j], 0);
+      if (j != i && (fast_kind(m, n, kGemvWorkspaceBytes) != kind || m.cols != mi.cols ||
+                     m.group != mi.group || m.sdtype != mi.sdtype)) {
+        continue;
+      }
+      jobs.m[jobs.count] = m;
+      jobs.out[jobs.count] = outs[j];
+      ++jobs.count;
+      done[j] = true;
+    }
+    cuda::launch_gemv_fast(stream_, kind, jobs, x, mi.cols, static_cast<int>(n), gemv_ws_);
   }
-  if (!fused) {
-    for (int i = 0; i < count; ++i) linear(x, n, *ws[i], outs[i]);
-    return;
-  }
-  cuda::launch_gemv_fast(stream_, kind, jobs, x, jobs.m[0].cols, static_cast<int>(n), gemv_ws_);
 }
 
 // Token ids are validated by the model before the forward; on the device an id outside the

@@ -150,9 +150,9 @@ TEST_F(CudaLinear, ManyTilesStreamK) {
   check(bf, {1}, 0, "bf16 150000x64");
 }
 
-// linear_multi runs matrices of one fast format in one launch and falls back to separate
-// linears otherwise; both must equal the CPU's separate linears. Row counts that are not a
-// multiple of the per-warp rows (37, 5, 1) exercise the tails.
+// linear_multi runs the matrices of each fast format in one launch (up to four per launch) and
+// the rest as separate linears; all must equal the CPU's separate linears. Row counts that are
+// not a multiple of the per-warp rows (37, 5, 1) exercise the tails.
 TEST_F(CudaLinear, MultiMatchesSeparateLinears) {
   Rng rng(6);
   std::vector<std::vector<HostWeight>> sets;
@@ -168,6 +168,18 @@ TEST_F(CudaLinear, MultiMatchesSeparateLinears) {
   sets.push_back({affine_weight(rng, 4, 64, DType::BF16, 20, 256, 0),
                   affine_weight(rng, 8, 64, DType::BF16, 4, 256, 0),
                   float_weight(rng, DType::BF16, 9, 256, 0)});
+  // Interleaved formats, as a MoE layer's router, shared expert and shared gate: grouped.
+  sets.push_back({affine_weight(rng, 4, 64, DType::BF16, 48, 256, 0),
+                  float_weight(rng, DType::BF16, 16, 256, 0),
+                  affine_weight(rng, 4, 64, DType::BF16, 48, 256, 0),
+                  float_weight(rng, DType::BF16, 1, 256, 0),
+                  affine_weight(rng, 4, 32, DType::BF16, 7, 256, 0)});
+  // Five of one format: two launches.
+  sets.push_back({affine_weight(rng, 4, 64, DType::BF16, 16, 256, 0),
+                  affine_weight(rng, 4, 64, DType::BF16, 17, 256, 0),
+                  affine_weight(rng, 4, 64, DType::BF16, 3, 256, 0),
+                  affine_weight(rng, 4, 64, DType::BF16, 32, 256, 0),
+                  affine_weight(rng, 4, 64, DType::BF16, 9, 256, 0)});
   for (size_t si = 0; si < sets.size(); ++si) {
     auto& set = sets[si];
     for (HostWeight& hw : set) {  // the copies into `sets` must point at their own bytes
