@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, N == 1   ? 6
         if (e == 2 * lane + 1) mine[1] = acc[i][r];
       }
     if (k0 > 0 || k1 < sk.steps) {
-      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, mine, 2)) return;
+      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, mine)) return;
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -219,7 +219,7 @@ GemvKind fast_gemv_kind(const DevMat& m) {
 }
 
 StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t steps, int slot_floats,
-                     const GemvWorkspace& ws) {
+                     const GemvWorkspace& ws, int min_steps) {
   int per_sm = 0;
   TM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
   StreamK sk;
@@ -230,7 +230,8 @@ StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t ste
   // full wave; the division stays exact, only occupancy drops.
   const int64_t by_partials =
       static_cast<int64_t>(ws.partial_floats / (2 * static_cast<size_t>(slot_floats)));
-  sk.warps = std::max<int64_t>(1, std::min({resident, tiles * steps, ws.max_warps, by_partials}));
+  const int64_t by_min_steps = (tiles * steps + min_steps - 1) / min_steps;
+  sk.warps = std::max<int64_t>(1, std::min({resident, by_min_steps, ws.max_warps, by_partials}));
   sk.partials = ws.partials;
   sk.counters = ws.counters;
   sk.slot_floats = slot_floats;

@@ -22,10 +22,10 @@ struct GemvJobs {
   int count = 0;
 };
 
-// Warps to launch for `kernel` (one wave: what fits on the device at once) and the stream-K
-// division of tiles x steps over them.
+// Warps to launch for `kernel` (one wave: what fits on the device at once, and no more than gives
+// each warp min_steps k-steps) and the stream-K division of tiles x steps over them.
 StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t steps, int slot_floats,
-                     const GemvWorkspace& ws);
+                     const GemvWorkspace& ws, int min_steps = 1);
 
 // The fast kernel that handles `m`, or kNone (other formats, odd sizes, unaligned data).
 GemvKind fast_gemv_kind(const DevMat& m);

@@ -290,7 +290,8 @@ __global__ void __launch_bounds__(128, 2)
     float tot[CB][2];
     Q4TileDot<G, CB, U, ST>(q, act, static_cast<int>(k1)).run(static_cast<int>(k0), tot);
     if (k0 > 0 || k1 < sk.steps) {
-      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, &tot[0][0], CB * 2)) return;
+      auto& flat = reinterpret_cast<float(&)[CB * 2]>(tot);
+      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, flat)) return;
     }
 #pragma unroll
     for (int cb = 0; cb < CB; ++cb) {

@@ -262,8 +262,8 @@ void CudaBackend::linear_multi(const float* x, int64_t n, const Weight* const* w
   for (int i = 0; i < count; ++i) {
     if (done[i]) continue;
     const DevMat mi = cuda::make_devmat(*ws[i], 0);
-    const cuda::GemvKind kind = aligned ? fast_kind(mi, n, kGemvWorkspaceBytes)
-                                        : cuda::GemvKind::kNone;
+    const cuda::GemvKind kind =
+        aligned ? fast_kind(mi, n, kGemvWorkspaceBytes) : cuda::GemvKind::kNone;
     if (kind == cuda::GemvKind::kNone || n > gemv_max_rows(kind)) {
       linear(x, n, *ws[i], outs[i]);
       done[i] = true;
