@@ -10,6 +10,7 @@
 // - Ops are asynchronous with respect to the host on devices that can be; synchronize() waits.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -93,6 +94,24 @@ struct GDNStateView {
   int kernel = 0;
   int v_heads = 0, k_heads = 0, k_dim = 0, v_dim = 0;
 };
+
+// A MoE layer's shared expert, run for every token next to the routed ones: gate, up
+// [inter, hidden] and down [hidden, inter] plain matrices, and gate_logit [n], the layer's
+// shared_expert_gate output, whose sigmoid scales the expert's output.
+struct SharedExpert {
+  const Weight* gate = nullptr;
+  const Weight* up = nullptr;
+  const Weight* down = nullptr;
+  const float* gate_logit = nullptr;
+};
+
+// Scratch floats Backend::moe needs for n tokens of k routed experts (expert width inter) and an
+// optional shared expert (width shared_inter; 0: none).
+inline int64_t moe_scratch_floats(int64_t n, int64_t k, int64_t inter, int64_t shared_inter,
+                                  int64_t hidden) {
+  const int64_t slots = n * (k + (shared_inter > 0 ? 1 : 0));
+  return slots * (2 * std::max(inter, shared_inter) + hidden);
+}
 
 class Backend {
  public:
@@ -274,12 +293,19 @@ class Backend {
   // renormalised to sum to 1 when `renormalize`. ids [n, k] int32, weights [n, k] F32.
   virtual void topk_softmax(const float* logits, int64_t n, int experts, int k, bool renormalize,
                             int32_t* ids, float* weights) = 0;
-  // out[n, hidden] = sum_j weights[i, j] * down_e(silu(gate_e x) * up_e x) with e = ids[i, j].
+  // out[n, hidden] = sum_j weights[i, j] * down_e(silu(gate_e x) * up_e x) with e = ids[i, j],
+  // plus, with a shared expert, sigmoid(shared->gate_logit[i]) * its own down(silu(gate x) * up x).
   // gate, up: [E, inter, hidden]; down: [E, hidden, inter]. `scratch` holds at least
-  // n*k*(2*inter + hidden) floats.
+  // moe_scratch_floats(...) floats.
   virtual void moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
-                   const Weight& gate, const Weight& up, const Weight& down, float* out,
-                   float* scratch) = 0;
+                   const Weight& gate, const Weight& up, const Weight& down,
+                   const SharedExpert* shared, float* out, float* scratch) = 0;
+
+ protected:
+  // out += the shared expert's gated output, composed of the ops above (for backends and weight
+  // formats with no fused form). Uses n*(2*inter + hidden) floats of scratch.
+  void add_shared_expert(const float* x, int64_t n, const SharedExpert& shared, float* out,
+                         float* scratch);
 };
 
 }  // namespace tokenmill

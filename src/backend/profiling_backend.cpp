@@ -140,9 +140,10 @@ void ProfilingBackend::topk_softmax(const float* logits, int64_t n, int experts,
 }
 void ProfilingBackend::moe(const float* x, int64_t n, int k, const int32_t* ids,
                            const float* weights, const Weight& gate, const Weight& up,
-                           const Weight& down, float* out, float* scratch) {
+                           const Weight& down, const SharedExpert* shared, float* out,
+                           float* scratch) {
   timed("moe " + weight_label(gate), n,
-        [&] { in_.moe(x, n, k, ids, weights, gate, up, down, out, scratch); });
+        [&] { in_.moe(x, n, k, ids, weights, gate, up, down, shared, out, scratch); });
 }
 
 }  // namespace tokenmill

@@ -100,8 +100,8 @@ class ProfilingBackend final : public Backend {
   void topk_softmax(const float* logits, int64_t n, int experts, int k, bool renormalize,
                     int32_t* ids, float* weights) override;
   void moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
-           const Weight& gate, const Weight& up, const Weight& down, float* out,
-           float* scratch) override;
+           const Weight& gate, const Weight& up, const Weight& down, const SharedExpert* shared,
+           float* out, float* scratch) override;
 
  private:
   // Runs fn, waits for the device, and charges the time to `op`, split by the call's size:

@@ -148,7 +148,7 @@ bool Model::ensure_scratch(int T, int n_seqs, int R, int max_blocks, int block_s
       {&s.router, T * E},
       {&s.topw, T * K},
       {reinterpret_cast<float**>(&s.topi), T * K},
-      {&s.moe_scratch, T * K * (2 * Im + H)},
+      {&s.moe_scratch, moe_scratch_floats(T, K, Im, cfg_.shared_expert_intermediate_size, H)},
       {&s.sg, T},
       {&s.sel, R * H},
       {&s.logits, R * V},
@@ -390,7 +390,6 @@ void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& ca
 
 void Model::ffn_block(const FFNWeights& f, int T) {
   Scratch& s = *s_;
-  const int64_t H = cfg_.hidden_size;
   if (!f.moe) {
     const int64_t I = f.gate_proj.rows;
     const Weight* ws[] = {&f.gate_proj, &f.up_proj};
@@ -401,25 +400,20 @@ void Model::ffn_block(const FFNWeights& f, int T) {
     return;
   }
   const int E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
-  // Every projection of the normed input at once (router, shared expert gate and up, shared
-  // gate): a backend launches the ones of one format together.
+  // The router and the shared expert's gate logit in one call; the shared expert itself runs
+  // with the routed ones (a backend may treat it as one more expert per token).
+  SharedExpert shared;
   if (f.has_shared) {
-    const Weight* ws[] = {&f.router, &f.gate_proj, &f.up_proj, &f.shared_gate};
-    float* outs[] = {s.router, s.ff_gate, s.ff_up, s.sg};
-    backend_.linear_multi(s.h, T, ws, outs, 4);
+    const Weight* ws[] = {&f.router, &f.shared_gate};
+    float* outs[] = {s.router, s.sg};
+    backend_.linear_multi(s.h, T, ws, outs, 2);
+    shared = SharedExpert{&f.gate_proj, &f.up_proj, &f.down_proj, s.sg};
   } else {
     backend_.linear(s.h, T, f.router, s.router);
   }
   backend_.topk_softmax(s.router, T, E, K, cfg_.norm_topk_prob, s.topi, s.topw);
-  backend_.moe(s.h, T, K, s.topi, s.topw, f.experts_gate, f.experts_up, f.experts_down, s.ff_out,
-               s.moe_scratch);
-  if (f.has_shared) {
-    const int64_t I = f.gate_proj.rows;
-    backend_.silu_mul(s.ff_gate, s.ff_up, s.ff_act, T * I);
-    backend_.linear(s.ff_act, T, f.down_proj, s.mix);
-    backend_.scale_rows_sigmoid(s.mix, s.sg, T, static_cast<int>(H));
-    backend_.add(s.ff_out, s.mix, T * H);
-  }
+  backend_.moe(s.h, T, K, s.topi, s.topw, f.experts_gate, f.experts_up, f.experts_down,
+               f.has_shared ? &shared : nullptr, s.ff_out, s.moe_scratch);
 }
 
 }  // namespace tokenmill

@@ -92,8 +92,8 @@ class CpuBackend final : public Backend {
   void topk_softmax(const float* logits, int64_t n, int experts, int k, bool renormalize,
                     int32_t* ids, float* weights) override;
   void moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
-           const Weight& gate, const Weight& up, const Weight& down, float* out,
-           float* scratch) override;
+           const Weight& gate, const Weight& up, const Weight& down, const SharedExpert* shared,
+           float* out, float* scratch) override;
 
   // Rows per sequence at or above which gated_delta_rule uses the chunked form (when no
   // per-step states are requested); exposed so tests can force either path.

@@ -53,8 +53,8 @@ void CpuBackend::topk_softmax(const float* logits, int64_t n, int experts, int k
 }
 
 void CpuBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
-                     const Weight& gate, const Weight& up, const Weight& down, float* out,
-                     float* scratch) {
+                     const Weight& gate, const Weight& up, const Weight& down,
+                     const SharedExpert* shared, float* out, float* scratch) {
   if (n <= 0) return;
   const int64_t E = gate.experts, hidden = gate.cols, inter = gate.rows, slots = n * k;
   TM_CHECK(E > 0 && up.experts == E && down.experts == E, "moe experts {} {} {}", gate.experts,
@@ -190,6 +190,7 @@ void CpuBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, const
         }
       },
       std::max<int64_t>(1, 16384 / hidden));
+  if (shared != nullptr) add_shared_expert(x, n, *shared, out, scratch);
 }
 
 }  // namespace tokenmill

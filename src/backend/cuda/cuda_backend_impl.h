@@ -118,14 +118,18 @@ class CudaBackend final : public Backend {
   void topk_softmax(const float* logits, int64_t n, int experts, int k, bool renormalize,
                     int32_t* ids, float* weights) override;
   void moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
-           const Weight& gate, const Weight& up, const Weight& down, float* out,
-           float* scratch) override;
+           const Weight& gate, const Weight& up, const Weight& down, const SharedExpert* shared,
+           float* out, float* scratch) override;
 
   CUstream_st* stream() const { return stream_; }
 
  private:
   // Prefill GEMM on tensor cores (cuda_gemm.cu): out[n, rows] = x[n, cols] . m^T.
   void gemm(const float* x, int64_t n, const cuda::DevMat& m, float* out);
+  // moe's general form: per-slot indexed GEMVs of any fast format, no shared expert.
+  void moe_routed_indexed(const float* x, int64_t n, int k, const int32_t* ids,
+                          const float* weights, const cuda::DevMat& gate, const cuda::DevMat& up,
+                          const cuda::DevMat& down, float* out, float* scratch);
   void init_gemm();
   void destroy_gemm();
 

@@ -250,7 +250,7 @@ void launch_gemv_fast(cudaStream_t st, GemvKind kind, GemvJobs jobs, const float
   if (kind == GemvKind::kQ4) {
     const Q4Act act = launch_q4_prepare(st, x, ldx, n, jobs.m[0].cols, jobs.m[0].group,
                                         q4_operands_for(n, false), ws);
-    launch_q4_gemv(st, jobs, act, n, nullptr, 0, 1, ws);
+    launch_q4_gemv(st, jobs, act, n, Q4Slots{}, 0, ws);
     return;
   }
   int64_t tiles = 0;

@@ -14,12 +14,24 @@ enum class GemvKind { kNone, kBf16, kQ4, kQ8 };
 constexpr int kMaxGemvJobs = 4;
 
 // Up to four matrices sharing one input; out[j] is [n, m[j].rows]. first_tile is filled by the
-// launchers.
+// launchers. MoE slots (Q4Slots) may hold a shared expert: m[j + shared_offset] is then job j's
+// shared-expert matrix (same shape and format), run by each token's last slot.
 struct GemvJobs {
   DevMat m[kMaxGemvJobs];
   float* out[kMaxGemvJobs] = {};
   int64_t first_tile[kMaxGemvJobs + 1] = {};
   int count = 0;
+  int shared_offset = 0;
+};
+
+// MoE slots of the 4-bit GEMVs: slot s of token t = s / per_token runs expert
+// ids[t * k + s % per_token], or the shared expert when s % per_token == k, on prepared
+// activation row s / x_div; its output is row s of out[j].
+struct Q4Slots {
+  const int32_t* ids = nullptr;  // [tokens, k]; nullptr: plain rows, no slots
+  int k = 1;
+  int per_token = 1;  // k, or k + 1 with a shared expert
+  int64_t x_div = 1;
 };
 
 // Warps to launch for `kernel` (one wave: what fits on the device at once, and no more than gives
@@ -76,18 +88,21 @@ constexpr int kQ4WideCB = kQ4GemvMaxRows / 4;
 // Workspace bytes for `rows` prepared rows of width K.
 size_t q4_act_bytes(int64_t rows, int64_t K, int group);
 bool q4_mma_eligible(const DevMat& m);
+// With `up` (digits only): prepares silu(x) * up (both [rows, K] at stride ldx), the MoE down
+// projection's input, with no kernel of its own.
 Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t rows, int64_t K,
-                        int group, Q4Operands operands, const GemvWorkspace& ws);
-// ids == nullptr: out[j][i, r] for the n prepared rows. Otherwise one activation row per slot:
-// out[j][s, r] = W_j[ids[s]][r, :] . prepared row s / x_div.
-void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, const int32_t* ids,
-                    int64_t slots, int64_t x_div, const GemvWorkspace& ws);
+                        int group, Q4Operands operands, const GemvWorkspace& ws,
+                        const float* up = nullptr);
+// No slots (sl.ids == nullptr): out[j][i, r] for the n prepared rows. Otherwise `slots` slots of
+// one activation row each (Q4Slots).
+void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, const Q4Slots& sl,
+                    int64_t slots, const GemvWorkspace& ws);
 
 // The digit kernels (cuda_gemv_q4d.cu), called by the two above with checked arguments.
-void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, int64_t ldx, int64_t rows,
-                               int64_t K, const Q4Act& act);
+void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, const float* up, int64_t ldx,
+                               int64_t rows, int64_t K, const Q4Act& act);
 void launch_q4d_gemv_kernel(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
-                            const int32_t* ids, int64_t x_div, int64_t tiles,
-                            int64_t tiles_per_slot, const GemvWorkspace& ws);
+                            const Q4Slots& sl, int64_t tiles, int64_t tiles_per_slot,
+                            const GemvWorkspace& ws);
 
 }  // namespace tokenmill::cuda

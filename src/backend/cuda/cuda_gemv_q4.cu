@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(128, 2)
   if (w >= sk.warps) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1) {
-    const Q4Tile q = q4_tile(jobs, tile, sk.tiles, n, nullptr, 1);
+    const Q4Tile q = q4_tile(jobs, tile, sk.tiles, n, Q4Slots{});
     float tot[CB][2];
     Q4TileDot<G, CB, U, ST>(q, act, static_cast<int>(k1)).run(static_cast<int>(k0), tot);
     if (k0 > 0 || k1 < sk.steps) {
@@ -346,13 +346,16 @@ size_t q4_act_bytes(int64_t rows, int64_t K, int group) {
 }
 
 Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t rows, int64_t K,
-                        int group, Q4Operands operands, const GemvWorkspace& ws) {
+                        int group, Q4Operands operands, const GemvWorkspace& ws, const float* up) {
   TM_CUDA_REQUIRE(group == 32 || group == 64 || group == 128, "q4 gemv: group 32, 64 or 128");
   TM_CUDA_REQUIRE(K % group == 0 && rows >= 1, "q4 gemv: columns must be whole groups");
   TM_CUDA_REQUIRE(q4_act_bytes(rows, K, group) <= ws.act_bytes,
                   "q4 gemv: activation workspace too small");
-  TM_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0,
+  TM_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(up) % 16 == 0,
                   "q4 gemv: activations must be 16-byte aligned");
+  TM_CUDA_REQUIRE(up == nullptr || operands == Q4Operands::kDigits,
+                  "q4 gemv: silu(x) * up is prepared as digits only");
   const auto al = [](size_t b) { return (b + 255) / 256 * 256; };
   auto* base = static_cast<uint8_t*>(ws.act);
   Q4Act act;
@@ -365,7 +368,7 @@ Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t ro
   act.group = group;
   act.operands = operands;
   if (operands == Q4Operands::kDigits) {
-    launch_q4d_prepare_kernel(st, x, ldx, rows, K, act);
+    launch_q4d_prepare_kernel(st, x, up, ldx, rows, K, act);
     return act;
   }
   const int64_t parts = std::clamp<int64_t>(K / 8 / kQ4Threads, 1, 16);
@@ -381,9 +384,22 @@ bool q4_mma_eligible(const DevMat& m) {
          reinterpret_cast<uintptr_t>(m.scales) % 16 == 0;
 }
 
-void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, const int32_t* ids,
-                    int64_t slots, int64_t x_div, const GemvWorkspace& ws) {
-  TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs, "q4 gemv: 1..4 matrices");
+void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, const Q4Slots& sl,
+                    int64_t slots, const GemvWorkspace& ws) {
+  const int32_t* ids = sl.ids;
+  TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count + jobs.shared_offset <= kMaxGemvJobs,
+                  "q4 gemv: 1..4 matrices");
+  TM_CUDA_REQUIRE(
+      ids == nullptr || (sl.k >= 1 && sl.x_div >= 1 &&
+                         (sl.per_token == sl.k ||
+                          (sl.per_token == sl.k + 1 && jobs.shared_offset >= jobs.count))),
+      "q4 gemv: slots per token are k, or k + 1 with the shared-expert matrices after the jobs");
+  for (int j = 0; ids != nullptr && sl.per_token > sl.k && j < jobs.count; ++j) {
+    const DevMat &r = jobs.m[j], &s = jobs.m[j + jobs.shared_offset];
+    TM_CUDA_REQUIRE(q4_mma_eligible(s) && s.experts == 1 && s.rows == r.rows && s.cols == r.cols &&
+                        s.group == r.group && s.sdtype == r.sdtype,
+                    "q4 gemv: a shared expert must have its routed experts' shape and format");
+  }
   TM_CUDA_REQUIRE(ids != nullptr || (n >= 1 && n <= kQ4GemvMaxRows),
                   "q4 gemv: 1..64 activation rows");
   TM_CUDA_REQUIRE(ids == nullptr || slots >= 1, "q4 gemv: no slots");
@@ -398,7 +414,7 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
   jobs.first_tile[jobs.count] = tiles_per_slot;
   const int64_t tiles = tiles_per_slot * (ids ? slots : 1);
   if (act.operands == Q4Operands::kDigits) {
-    launch_q4d_gemv_kernel(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+    launch_q4d_gemv_kernel(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
     return;
   }
   TM_CUDA_REQUIRE(ids == nullptr && n > kQ4DigitMaxRows,

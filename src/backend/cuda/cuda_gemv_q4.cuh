@@ -21,17 +21,23 @@ struct Q4Tile {
 };
 
 __device__ __forceinline__ Q4Tile q4_tile(const GemvJobs& jobs, int64_t t, int64_t tiles_per_slot,
-                                          int n, const int32_t* ids, int64_t x_div) {
+                                          int n, const Q4Slots& sl) {
   const int64_t slot = t / tiles_per_slot, jt = t - slot * tiles_per_slot;
   int j = 0;
   while (j + 1 < jobs.count && jt >= jobs.first_tile[j + 1]) ++j;
   Q4Tile q{jobs.m[j], jobs.out[j], (jt - jobs.first_tile[j]) * 16, 0, n, false};
-  if (ids != nullptr) {
-    const int e = ids[slot];
+  if (sl.ids != nullptr) {
+    const int64_t token = slot / sl.per_token;
+    const int js = static_cast<int>(slot - token * sl.per_token);
     q.out += slot * q.m.rows;
-    q.bad_expert = e < 0 || e >= q.m.experts;
-    if (!q.bad_expert) q.m = at_expert(q.m, e);
-    q.cbase = slot / x_div;
+    if (js == sl.k) {
+      q.m = jobs.m[j + jobs.shared_offset];
+    } else {
+      const int e = sl.ids[token * sl.k + js];
+      q.bad_expert = e < 0 || e >= q.m.experts;
+      if (!q.bad_expert) q.m = at_expert(q.m, e);
+    }
+    q.cbase = slot / sl.x_div;
     q.ncols = 1;
   }
   return q;

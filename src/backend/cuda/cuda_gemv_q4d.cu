@@ -40,8 +40,8 @@ constexpr int kQ4MinSteps = 8;
 // [row][digit][K/8] of 8 bytes per word (nibble order 0,2,4,6,1,3,5,7) and per (row, group)
 // {2^-e, sum of the group's values} (NaN, NaN when the group holds a non-finite value).
 __global__ void __launch_bounds__(kPrepThreads)
-    q4d_prepare_kernel(const float* __restrict__ x, int64_t ldx, int64_t rows, int64_t K, int group,
-                       Q4Act act) {
+    q4d_prepare_kernel(const float* __restrict__ x, const float* __restrict__ up, int64_t ldx,
+                       int64_t rows, int64_t K, int group, Q4Act act) {
   // The GEMV that follows starts loading its weights now; it waits for this kernel's
   // completion before it reads the activations.
   pdl_begin();
@@ -55,6 +55,14 @@ __global__ void __launch_bounds__(kPrepThreads)
     const float4* x4 = reinterpret_cast<const float4*>(x + c * ldx);
     a = x4[2 * j];
     b = x4[2 * j + 1];
+    if (up != nullptr) {  // the MoE down projection's input: silu(gate) * up
+      const float4* u4 = reinterpret_cast<const float4*>(up + c * ldx);
+      const float4 ua = u4[2 * j], ub = u4[2 * j + 1];
+      a = make_float4(silu_f(a.x) * ua.x, silu_f(a.y) * ua.y, silu_f(a.z) * ua.z,
+                      silu_f(a.w) * ua.w);
+      b = make_float4(silu_f(b.x) * ub.x, silu_f(b.y) * ub.y, silu_f(b.z) * ub.z,
+                      silu_f(b.w) * ub.w);
+    }
   }
   const float v[8] = {a.x, a.z, b.x, b.z, a.y, a.w, b.y, b.w};  // nibbles 0,2,4,6,1,3,5,7
   float m = 0.0f;
@@ -230,14 +238,14 @@ struct Q4DigitDot {
 
 template <int G, int CB, int U, int ST>
 __global__ void __launch_bounds__(128, CB == 1 ? 5 : 4)
-    q4d_gemv_kernel(GemvJobs jobs, Q4Act act, int n, const int32_t* __restrict__ ids, int64_t x_div,
-                    StreamK sk, int64_t tiles_per_slot) {
+    q4d_gemv_kernel(GemvJobs jobs, Q4Act act, int n, Q4Slots slots, StreamK sk,
+                    int64_t tiles_per_slot) {
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
-  if (ids != nullptr) wait_for_previous_grid();  // expert ids come from earlier kernels
+  if (slots.ids != nullptr) wait_for_previous_grid();  // expert ids come from earlier kernels
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1) {
-    const Q4Tile q = q4_tile(jobs, tile, tiles_per_slot, n, ids, x_div);
+    const Q4Tile q = q4_tile(jobs, tile, tiles_per_slot, n, slots);
     float tot[CB][2];
     if (q.bad_expert) {  // the router never produces one; make it visible
 #pragma unroll
@@ -264,16 +272,15 @@ __global__ void __launch_bounds__(128, CB == 1 ? 5 : 4)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t r = q.r0 + g + 8 * h;
-        if (r < q.m.rows) q.out[(ids != nullptr ? 0 : c * q.m.rows) + r] = v[h];
+        if (r < q.m.rows) q.out[(slots.ids != nullptr ? 0 : c * q.m.rows) + r] = v[h];
       }
     }
   });
 }
 
 template <int G, int CB, int ST>
-void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
-                  const int32_t* ids, int64_t x_div, int64_t tiles, int64_t tiles_per_slot,
-                  const GemvWorkspace& ws) {
+void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, const Q4Slots& sl,
+                  int64_t tiles, int64_t tiles_per_slot, const GemvWorkspace& ws) {
   // Groups per buffer: up to 16 bytes of weights per lane (fewer registers, more warps: at
   // group 64 two groups per buffer beat four, 66% against 58% of the bandwidth).
   constexpr int U = G == 128 ? 1 : 2;
@@ -281,57 +288,57 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
                                   jobs.m[0].cols / G, 32 * CB * 2, ws, kQ4MinSteps);
   launch_pdl(kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), 0, st, jobs, act,
-             n, ids, x_div, sk, tiles_per_slot);
+             n, sl, sk, tiles_per_slot);
 }
 
 template <int G, int CB>
 void launch_scales(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
-                   const int32_t* ids, int64_t x_div, int64_t tiles, int64_t tiles_per_slot,
+                   const Q4Slots& sl, int64_t tiles, int64_t tiles_per_slot,
                    const GemvWorkspace& ws) {
   switch (jobs.m[0].sdtype) {
     case kBF16:
-      launch_typed<G, CB, kBF16>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      launch_typed<G, CB, kBF16>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
       break;
     case kF16:
-      launch_typed<G, CB, kF16>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      launch_typed<G, CB, kF16>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
       break;
     default:
-      launch_typed<G, CB, kF32>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      launch_typed<G, CB, kF32>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
   }
 }
 
 template <int G>
-void launch_cb(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, const int32_t* ids,
-               int64_t x_div, int64_t tiles, int64_t tiles_per_slot, const GemvWorkspace& ws) {
-  if (ids != nullptr || n <= 2) {
-    launch_scales<G, 1>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+void launch_cb(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, const Q4Slots& sl,
+               int64_t tiles, int64_t tiles_per_slot, const GemvWorkspace& ws) {
+  if (sl.ids != nullptr || n <= 2) {
+    launch_scales<G, 1>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
   } else {
-    launch_scales<G, 2>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+    launch_scales<G, 2>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
   }
 }
 
 }  // namespace
 
-void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, int64_t ldx, int64_t rows,
-                               int64_t K, const Q4Act& act) {
+void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, const float* up, int64_t ldx,
+                               int64_t rows, int64_t K, const Q4Act& act) {
   launch_pdl(q4d_prepare_kernel, dim3(blocks_for(rows * (K / 8), kPrepThreads)), dim3(kPrepThreads),
-             0, st, x, ldx, rows, K, act.group, act);
+             0, st, x, up, ldx, rows, K, act.group, act);
   TM_CUDA_LAUNCHED();
 }
 
 void launch_q4d_gemv_kernel(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
-                            const int32_t* ids, int64_t x_div, int64_t tiles,
-                            int64_t tiles_per_slot, const GemvWorkspace& ws) {
-  TM_CUDA_REQUIRE(ids != nullptr || n <= kQ4DigitMaxRows, "q4 gemv: 1..4 rows in digits");
+                            const Q4Slots& sl, int64_t tiles, int64_t tiles_per_slot,
+                            const GemvWorkspace& ws) {
+  TM_CUDA_REQUIRE(sl.ids != nullptr || n <= kQ4DigitMaxRows, "q4 gemv: 1..4 rows in digits");
   switch (act.group) {
     case 32:
-      launch_cb<32>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      launch_cb<32>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
       break;
     case 64:
-      launch_cb<64>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      launch_cb<64>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
       break;
     default:
-      launch_cb<128>(st, jobs, act, n, ids, x_div, tiles, tiles_per_slot, ws);
+      launch_cb<128>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
   }
 }
 

@@ -3,7 +3,10 @@
 // silu(gate)*up, the down GEMV, then out[t] = sum_j weights[t, j] * down[s] in slot order.
 // Each slot reads its expert's weights once (a sorted grouped GEMM is the faster form for
 // prefill). 4-bit experts take the tensor-core GEMV (gate and up in one launch) while the
-// prepared activations fit its workspace.
+// prepared activations fit its workspace; there a shared expert of the routed experts' shape
+// and format is one more slot per token (no launches of its own), silu(gate)*up is computed
+// while the down projection's input is prepared, and the combine adds the gated shared output.
+// Any other shared expert runs after the routed ones (Backend::add_shared_expert).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,8 +18,11 @@
 namespace tokenmill::cuda {
 namespace {
 
+// out[t] = sum_j w[t, j] * down[t * per_token + j] (+ sigmoid(gate_logit[t]) * the shared
+// expert's row t * per_token + k when per_token > k), in the CPU backend's order.
 __global__ void moe_combine_kernel(const float* __restrict__ down, const float* __restrict__ w,
-                                   int k, int64_t hidden, float* __restrict__ out) {
+                                   int k, int per_token, const float* __restrict__ gate_logit,
+                                   int64_t hidden, float* __restrict__ out) {
   pdl_begin();
   const int64_t t = blockIdx.x;
   // Columns spread over blockIdx.y too: one token's row is a few KB, one block alone waited
@@ -24,7 +30,9 @@ __global__ void moe_combine_kernel(const float* __restrict__ down, const float* 
   for (int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; c < hidden;
        c += static_cast<int64_t>(gridDim.y) * blockDim.x) {
     float acc = 0.0f;
-    for (int j = 0; j < k; ++j) acc += w[t * k + j] * down[(t * k + j) * hidden + c];
+    const float* d = down + t * per_token * hidden + c;
+    for (int j = 0; j < k; ++j) acc += w[t * k + j] * d[j * hidden];
+    if (per_token > k) acc += d[k * hidden] * sigmoid_f(gate_logit[t]);
     out[t * hidden + c] = acc;
   }
 }
@@ -36,21 +44,22 @@ namespace tokenmill {
 
 namespace {
 
-void combine(const float* dn, const float* weights, int64_t n, int k, int64_t hidden, float* out,
-             cudaStream_t st) {
+void combine(const float* dn, const float* weights, int64_t n, int k, int per_token,
+             const float* gate_logit, int64_t hidden, float* out, cudaStream_t st) {
   const dim3 grid(static_cast<unsigned>(n),
                   static_cast<unsigned>(std::min<int64_t>((hidden + 255) / 256, 65535)));
-  cuda::launch_pdl(cuda::moe_combine_kernel, grid, 256, 0, st, dn, weights, k, hidden, out);
+  cuda::launch_pdl(cuda::moe_combine_kernel, grid, 256, 0, st, dn, weights, k, per_token,
+                   gate_logit, hidden, out);
   TM_CUDA_LAUNCHED();
 }
 
 }  // namespace
 
 void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
-                      const Weight& gate, const Weight& up, const Weight& down, float* out,
-                      float* scratch) {
+                      const Weight& gate, const Weight& up, const Weight& down,
+                      const SharedExpert* shared, float* out, float* scratch) {
   if (n <= 0) return;
-  const int64_t E = gate.experts, hidden = gate.cols, inter = gate.rows, slots = n * k;
+  const int64_t E = gate.experts, hidden = gate.cols, inter = gate.rows;
   TM_CUDA_REQUIRE(E > 0 && up.experts == E && down.experts == E,
                   "moe: gate, up and down must have the same number of experts");
   TM_CUDA_REQUIRE(
@@ -59,36 +68,66 @@ void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, cons
   TM_CUDA_REQUIRE(k >= 1, "moe: k must be >= 1");
   const cuda::DevMat mg = cuda::make_devmat(gate, 0), mu = cuda::make_devmat(up, 0),
                      md = cuda::make_devmat(down, 0);
-  // scratch: act [slots, inter] (gate, then silu(gate)*up), upo [slots, inter],
-  // dn [slots, hidden].
+  const size_t ws = kGemvWorkspaceBytes;
+  const bool q4 = cuda::q4_mma_eligible(mg) && cuda::q4_mma_eligible(mu) &&
+                  cuda::q4_mma_eligible(md) && mg.group == mu.group && mg.sdtype == mu.sdtype &&
+                  reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(scratch) % 16 == 0 && inter % 4 == 0;
+  // The shared expert as slot k of each token: same shapes and formats as the routed experts.
+  cuda::DevMat sg, su, sd;
+  bool fuse_shared = false;
+  if (q4 && shared != nullptr) {
+    sg = cuda::make_devmat(*shared->gate, 0), su = cuda::make_devmat(*shared->up, 0),
+    sd = cuda::make_devmat(*shared->down, 0);
+    const auto same = [](const cuda::DevMat& a, const cuda::DevMat& b) {
+      return cuda::q4_mma_eligible(a) && a.experts == 1 && a.rows == b.rows && a.cols == b.cols &&
+             a.group == b.group && a.sdtype == b.sdtype;
+    };
+    fuse_shared = same(sg, mg) && same(su, mu) && same(sd, md);
+  }
+  const int per_token = k + (fuse_shared ? 1 : 0);
+  const int64_t slots = n * per_token;
+  const bool fits = q4 && cuda::q4_act_bytes(n, hidden, mg.group) <= ws &&
+                    cuda::q4_act_bytes(slots, inter, md.group) <= ws;
+  fuse_shared = fuse_shared && fits;
+  if (fits) {
+    // scratch: gate out [slots, inter], up out [slots, inter], down out [slots, hidden].
+    float* act = scratch;
+    float* upo = act + slots * inter;
+    float* dn = upo + slots * inter;
+    const cuda::Q4Slots gu_slots{ids, k, per_token, per_token};
+    cuda::GemvJobs gu;
+    gu.m[0] = mg, gu.m[1] = mu, gu.m[2] = sg, gu.m[3] = su;
+    gu.out[0] = act, gu.out[1] = upo;
+    gu.count = 2;
+    gu.shared_offset = fuse_shared ? 2 : 0;
+    const cuda::Q4Act ax = cuda::launch_q4_prepare(stream_, x, hidden, n, hidden, mg.group,
+                                                   cuda::Q4Operands::kDigits, gemv_ws_);
+    cuda::launch_q4_gemv(stream_, gu, ax, 1, gu_slots, slots, gemv_ws_);
+    cuda::GemvJobs dj;
+    dj.m[0] = md, dj.m[1] = sd;
+    dj.out[0] = dn;
+    dj.count = 1;
+    dj.shared_offset = fuse_shared ? 1 : 0;
+    const cuda::Q4Act aa = cuda::launch_q4_prepare(stream_, act, inter, slots, inter, md.group,
+                                                   cuda::Q4Operands::kDigits, gemv_ws_, upo);
+    cuda::launch_q4_gemv(stream_, dj, aa, 1, cuda::Q4Slots{ids, k, per_token, 1}, slots, gemv_ws_);
+    combine(dn, weights, n, k, per_token, fuse_shared ? shared->gate_logit : nullptr, hidden, out,
+            stream_);
+  } else {
+    moe_routed_indexed(x, n, k, ids, weights, mg, mu, md, out, scratch);
+  }
+  if (shared != nullptr && !fuse_shared) add_shared_expert(x, n, *shared, out, scratch);
+}
+
+void CudaBackend::moe_routed_indexed(const float* x, int64_t n, int k, const int32_t* ids,
+                                     const float* weights, const cuda::DevMat& mg,
+                                     const cuda::DevMat& mu, const cuda::DevMat& md, float* out,
+                                     float* scratch) {
+  const int64_t hidden = mg.cols, inter = mg.rows, slots = n * k;
   float* act = scratch;
   float* upo = act + slots * inter;
   float* dn = upo + slots * inter;
-  const size_t ws = kGemvWorkspaceBytes;
-  if (cuda::q4_mma_eligible(mg) && cuda::q4_mma_eligible(mu) && cuda::q4_mma_eligible(md) &&
-      mg.group == mu.group && mg.sdtype == mu.sdtype &&
-      cuda::q4_act_bytes(n, hidden, mg.group) <= ws &&
-      cuda::q4_act_bytes(slots, inter, md.group) <= ws &&
-      reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(scratch) % 16 == 0 &&
-      inter % 4 == 0) {
-    cuda::GemvJobs gu;
-    gu.m[0] = mg, gu.m[1] = mu;
-    gu.out[0] = act, gu.out[1] = upo;
-    gu.count = 2;
-    const cuda::Q4Act ax = cuda::launch_q4_prepare(stream_, x, hidden, n, hidden, mg.group,
-                                                   cuda::Q4Operands::kDigits, gemv_ws_);
-    cuda::launch_q4_gemv(stream_, gu, ax, 1, ids, slots, k, gemv_ws_);
-    silu_mul(act, upo, act, slots * inter);
-    cuda::GemvJobs dj;
-    dj.m[0] = md;
-    dj.out[0] = dn;
-    dj.count = 1;
-    const cuda::Q4Act aa = cuda::launch_q4_prepare(stream_, act, inter, slots, inter, md.group,
-                                                   cuda::Q4Operands::kDigits, gemv_ws_);
-    cuda::launch_q4_gemv(stream_, dj, aa, 1, ids, slots, 1, gemv_ws_);
-    combine(dn, weights, n, k, hidden, out, stream_);
-    return;
-  }
   // Slots are launched in chunks of whole tokens (grid.y <= 65535).
   const int64_t chunk = 65535 / k * k;
   TM_CUDA_REQUIRE(chunk > 0, "moe: k must be <= 65535");
@@ -104,7 +143,7 @@ void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, cons
     cuda::launch_gemv_indexed(stream_, md, ids + s0, cnt, act + s0 * inter, inter, 1,
                               dn + s0 * hidden, hidden);
   }
-  combine(dn, weights, n, k, hidden, out, stream_);
+  combine(dn, weights, n, k, k, nullptr, hidden, out, stream_);
 }
 
 }  // namespace tokenmill

@@ -1,6 +1,8 @@
 // moe: CUDA against the CPU backend with the router's ids and weights from the CPU (the same
 // routing on both sides), float and affine experts, decode and prefill row counts.
 // Tolerance 1e-4 relative (F32 accumulation in different orders through two products).
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "cuda_test_util.h"
@@ -55,6 +57,8 @@ Experts make_experts(Rng& rng, int bits, int64_t E, int64_t rows, int64_t cols) 
 
 class CudaMoe : public CudaVsCpu {};
 
+// Shared expert: none, one as wide as the routed experts (the 4-bit kernels run it as one more
+// slot per token) and a narrower one (run after the routed experts).
 TEST_F(CudaMoe, MatchesCpu) {
   Rng rng(31);
   const int64_t E = 6, hidden = 64, inter = 96;
@@ -65,19 +69,45 @@ TEST_F(CudaMoe, MatchesCpu) {
             d = make_experts(rng, bits, E, hidden, inter);
     const Weight dg = gpu->upload_weight(g.w), du = gpu->upload_weight(u.w),
                  dd = gpu->upload_weight(d.w);
-    for (int64_t n : {1, 5, 40}) {
-      std::vector<float> x = rng.normals(static_cast<size_t>(n * hidden));
-      std::vector<float> logits = rng.normals(static_cast<size_t>(n * E));
-      std::vector<int32_t> ids(static_cast<size_t>(n * k));
-      std::vector<float> w(ids.size());
-      cpu->topk_softmax(logits.data(), n, static_cast<int>(E), k, true, ids.data(), w.data());
-      std::vector<float> scratch(static_cast<size_t>(n * k * (2 * inter + hidden)));
-      std::vector<float> want(static_cast<size_t>(n * hidden));
-      cpu->moe(x.data(), n, k, ids.data(), w.data(), g.w, u.w, d.w, want.data(), scratch.data());
-      float* dout = poisoned(want.size());
-      gpu->moe(up(x), n, k, up(ids), up(w), dg, du, dd, dout, poisoned(scratch.size()));
-      expect_close(down(dout, want.size()), want, 1e-4,
-                   "moe bits " + std::to_string(bits) + " n=" + std::to_string(n));
+    for (int64_t shared_inter : {int64_t{0}, inter, int64_t{32}}) {
+      // One expert's matrices, then made plain.
+      Experts sg = make_experts(rng, bits, 1, std::max<int64_t>(shared_inter, 32), hidden),
+              su = make_experts(rng, bits, 1, std::max<int64_t>(shared_inter, 32), hidden),
+              sd = make_experts(rng, bits, 1, hidden, std::max<int64_t>(shared_inter, 32));
+      sg.w.experts = su.w.experts = sd.w.experts = 0;
+      const Weight dsg = gpu->upload_weight(sg.w), dsu = gpu->upload_weight(su.w),
+                   dsd = gpu->upload_weight(sd.w);
+      for (int64_t n : {1, 5, 40}) {
+        const std::string what = "moe bits " + std::to_string(bits) + " shared " +
+                                 std::to_string(shared_inter) + " n=" + std::to_string(n);
+        std::vector<float> x = rng.normals(static_cast<size_t>(n * hidden));
+        std::vector<float> logits = rng.normals(static_cast<size_t>(n * E));
+        std::vector<float> gate_logit = rng.normals(static_cast<size_t>(n));
+        std::vector<int32_t> ids(static_cast<size_t>(n * k));
+        std::vector<float> w(ids.size());
+        cpu->topk_softmax(logits.data(), n, static_cast<int>(E), k, true, ids.data(), w.data());
+        std::vector<float> scratch(
+            static_cast<size_t>(moe_scratch_floats(n, k, inter, shared_inter, hidden)));
+        std::vector<float> want(static_cast<size_t>(n * hidden));
+        const SharedExpert cpu_shared{&sg.w, &su.w, &sd.w, gate_logit.data()};
+        const SharedExpert gpu_shared{&dsg, &dsu, &dsd, up(gate_logit)};
+        const bool has = shared_inter > 0;
+        cpu->moe(x.data(), n, k, ids.data(), w.data(), g.w, u.w, d.w, has ? &cpu_shared : nullptr,
+                 want.data(), scratch.data());
+        float* dout = poisoned(want.size());
+        gpu->moe(up(x), n, k, up(ids), up(w), dg, du, dd, has ? &gpu_shared : nullptr, dout,
+                 poisoned(scratch.size()));
+        const std::vector<float> got = down(dout, want.size());
+        expect_close(got, want, 1e-4, what);
+        if (has) {  // the shared expert made a difference the comparison could see
+          std::vector<float> routed(want.size());
+          cpu->moe(x.data(), n, k, ids.data(), w.data(), g.w, u.w, d.w, nullptr, routed.data(),
+                   scratch.data());
+          double diff = 0.0;
+          for (size_t i = 0; i < routed.size(); ++i) diff += std::fabs(routed[i] - want[i]);
+          EXPECT_GT(diff / static_cast<double>(routed.size()), 1e-3) << what;
+        }
+      }
     }
   }
 }

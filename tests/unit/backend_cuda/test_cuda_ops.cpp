@@ -151,7 +151,7 @@ TEST_F(CudaOps, RopePartialAndFull) {
 
 TEST_F(CudaOps, TopkSoftmax) {
   Rng rng(16);
-  for (int experts : {8, 64, 256}) {
+  for (int experts : {8, 64, 100, 256, 300}) {
     for (bool renorm : {true, false}) {
       const int64_t n = 33;
       const int k = std::min(8, experts / 2);

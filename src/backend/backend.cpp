@@ -1,0 +1,51 @@
+#include "backend/backend.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace tokenmill {
+
+void release_replaced(Backend& backend, const Weight& before, const Weight& after,
+                      std::vector<void*>& owned) {
+  for (const void* p : {before.data, before.scales, before.biases}) {
+    if (p == nullptr || p == after.data || p == after.scales || p == after.biases) continue;
+    auto it = std::find(owned.begin(), owned.end(), p);
+    if (it != owned.end()) {
+      backend.free(*it);
+      owned.erase(it);
+    }
+  }
+}
+
+size_t Weight::bytes_per_matrix() const {
+  if (!quantized()) return static_cast<size_t>(rows * cols) * dtype_size(dtype);
+  size_t packed = static_cast<size_t>(rows) * static_cast<size_t>(cols * bits / 32) * 4;
+  size_t groups = static_cast<size_t>(rows) * static_cast<size_t>(cols / group);
+  return packed + 2 * groups * dtype_size(scale_dtype);
+}
+
+void Backend::add_shared_expert(const float* x, int64_t n, const SharedExpert& shared, float* out,
+                                float* scratch) {
+  const int64_t inter = shared.gate->rows, hidden = shared.down->rows;
+  if (shared.up->rows != inter || shared.gate->cols != hidden || shared.up->cols != hidden ||
+      shared.down->cols != inter || shared.gate_logit == nullptr) {
+    fail(
+        "moe: shared expert shapes disagree (gate {}x{}, up {}x{}, down {}x{}; want gate/up "
+        "[inter, hidden], down [hidden, inter]) or no gate logits",
+        shared.gate->rows, shared.gate->cols, shared.up->rows, shared.up->cols, shared.down->rows,
+        shared.down->cols);
+  }
+  float* gate = scratch;
+  float* up = gate + n * inter;
+  float* down = up + n * inter;
+  const Weight* ws[] = {shared.gate, shared.up};
+  float* outs[] = {gate, up};
+  linear_multi(x, n, ws, outs, 2);
+  silu_mul(gate, up, gate, n * inter);
+  linear(gate, n, *shared.down, down);
+  scale_rows_sigmoid(down, shared.gate_logit, n, static_cast<int>(hidden));
+  add(out, down, n * hidden);
+}
+
+}  // namespace tokenmill
