@@ -137,10 +137,15 @@ __device__ __forceinline__ void fast_tile_dot(const DevMat& m, int64_t r0, const
 // Each warp takes an equal range of the flattened (tile, step) work (cuda_streamk.cuh). Lane l
 // owns results 2l and 2l+1 of the tile's [N][kRowsPerWarp] sums for the stream-K fixup and the
 // output.
+// 8-bit chunks hold more live values: at bf16's block counts the 8-bit kernels spilled
+// 140-444 bytes.
 template <int N, class C>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32, N == 1   ? 6
-                                                       : N <= 4 ? 4
-                                                                : 3)
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, kAffine<C> ? (N == 1   ? 4
+                                                                     : N <= 4 ? 3
+                                                                              : 2)
+                                                                  : (N == 1   ? 6
+                                                                     : N <= 4 ? 4
+                                                                              : 3))
     gemv_fast_kernel(GemvJobs jobs, const float* __restrict__ x, int64_t ldx, int n, StreamK sk) {
   pdl_begin();
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);

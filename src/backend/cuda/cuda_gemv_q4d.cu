@@ -236,10 +236,13 @@ struct Q4DigitDot {
   }
 };
 
-template <int G, int CB, int U, int ST>
+// kSlots: MoE slots (Q4Slots); a separate instantiation so the plain decode GEMV carries none
+// of the slot arithmetic in its registers (with it, the CB = 1 kernel spilled 84 bytes).
+template <int G, int CB, int U, int ST, bool kSlots>
 __global__ void __launch_bounds__(128, CB == 1 ? 5 : 4)
-    q4d_gemv_kernel(GemvJobs jobs, Q4Act act, int n, Q4Slots slots, StreamK sk,
+    q4d_gemv_kernel(GemvJobs jobs, Q4Act act, int n, Q4Slots slots_arg, StreamK sk,
                     int64_t tiles_per_slot) {
+  const Q4Slots slots = kSlots ? slots_arg : Q4Slots{};
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
   if (slots.ids != nullptr) wait_for_previous_grid();  // expert ids come from earlier kernels
@@ -278,42 +281,44 @@ __global__ void __launch_bounds__(128, CB == 1 ? 5 : 4)
   });
 }
 
-template <int G, int CB, int ST>
+template <int G, int CB, int ST, bool kSlots>
 void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, const Q4Slots& sl,
                   int64_t tiles, int64_t tiles_per_slot, const GemvWorkspace& ws) {
   // Groups per buffer: up to 16 bytes of weights per lane (fewer registers, more warps: at
   // group 64 two groups per buffer beat four, 66% against 58% of the bandwidth).
   constexpr int U = G == 128 ? 1 : 2;
-  const auto kernel = q4d_gemv_kernel<G, CB, U, ST>;
+  const auto kernel = q4d_gemv_kernel<G, CB, U, ST, kSlots>;
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
                                   jobs.m[0].cols / G, 32 * CB * 2, ws, kQ4MinSteps);
   launch_pdl(kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), 0, st, jobs, act,
              n, sl, sk, tiles_per_slot);
 }
 
-template <int G, int CB>
+template <int G, int CB, bool kSlots>
 void launch_scales(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
                    const Q4Slots& sl, int64_t tiles, int64_t tiles_per_slot,
                    const GemvWorkspace& ws) {
   switch (jobs.m[0].sdtype) {
     case kBF16:
-      launch_typed<G, CB, kBF16>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
+      launch_typed<G, CB, kBF16, kSlots>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
       break;
     case kF16:
-      launch_typed<G, CB, kF16>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
+      launch_typed<G, CB, kF16, kSlots>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
       break;
     default:
-      launch_typed<G, CB, kF32>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
+      launch_typed<G, CB, kF32, kSlots>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
   }
 }
 
 template <int G>
 void launch_cb(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, const Q4Slots& sl,
                int64_t tiles, int64_t tiles_per_slot, const GemvWorkspace& ws) {
-  if (sl.ids != nullptr || n <= 2) {
-    launch_scales<G, 1>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
+  if (sl.ids != nullptr) {
+    launch_scales<G, 1, true>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
+  } else if (n <= 2) {
+    launch_scales<G, 1, false>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
   } else {
-    launch_scales<G, 2>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
+    launch_scales<G, 2, false>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
   }
 }
 

@@ -78,8 +78,8 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
   last = __shfl_sync(0xffffffffu, last, 0);
   if (!last) return false;
   __threadfence();
-  // About 16 floats of loads in flight per lane.
-  constexpr int kBatch = kCount <= 2 ? 8 : kCount <= 4 ? 4 : kCount <= 8 ? 2 : 1;
+  // Up to 8 floats of loads in flight per lane (more made the 4-bit GEMV spill).
+  constexpr int kBatch = kCount <= 4 ? 4 : kCount <= 8 ? 2 : 1;
 #pragma unroll
   for (int i = 0; i < kCount; ++i) vals[i] = 0.0f;
   for (int64_t base = w0; base <= w1; base += kBatch) {
