@@ -42,8 +42,7 @@ void Backend::add_shared_expert(const float* x, int64_t n, const SharedExpert& s
   const Weight* ws[] = {shared.gate, shared.up};
   float* outs[] = {gate, up};
   linear_multi(x, n, ws, outs, 2);
-  silu_mul(gate, up, gate, n * inter);
-  linear(gate, n, *shared.down, down);
+  silu_mul_linear(gate, up, n, *shared.down, down, gate);
   scale_rows_sigmoid(down, shared.gate_logit, n, static_cast<int>(hidden));
   add(out, down, n * hidden);
 }

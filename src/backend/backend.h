@@ -201,6 +201,16 @@ class Backend {
     for (int i = 0; i < count; ++i) linear(x, n, *ws[i], outs[i]);
   }
 
+  // out[n, w.rows] = (silu(gate) * up) @ W^T, gate and up [n, w.cols]: an MLP's down
+  // projection. act [n, w.cols] receives silu(gate) * up unless the backend feeds the product
+  // to its matrix kernel directly (then act is left as it was). The default runs silu_mul, then
+  // linear.
+  virtual void silu_mul_linear(const float* gate, const float* up, int64_t n, const Weight& w,
+                               float* out, float* act) {
+    silu_mul(gate, up, act, n * w.cols);
+    linear(act, n, w, out);
+  }
+
   // ---- attention ----
   // Whether kv_append, attention_front and attention take caches of this element type.
   virtual bool supports_kv_dtype(DType dtype) const { return dtype == DType::F32; }

@@ -74,6 +74,11 @@ void ProfilingBackend::scale_rows_sigmoid(float* x, const float* gate, int64_t r
 void ProfilingBackend::linear(const float* x, int64_t n, const Weight& w, float* out, int expert) {
   timed("linear " + weight_label(w), n, [&] { in_.linear(x, n, w, out, expert); });
 }
+void ProfilingBackend::silu_mul_linear(const float* gate, const float* up, int64_t n,
+                                       const Weight& w, float* out, float* act) {
+  timed("silu_mul_linear " + weight_label(w), n,
+        [&] { in_.silu_mul_linear(gate, up, n, w, out, act); });
+}
 void ProfilingBackend::linear_multi(const float* x, int64_t n, const Weight* const* ws,
                                     float* const* outs, int count) {
   std::string label = "linear_multi";

@@ -391,12 +391,10 @@ void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& ca
 void Model::ffn_block(const FFNWeights& f, int T) {
   Scratch& s = *s_;
   if (!f.moe) {
-    const int64_t I = f.gate_proj.rows;
     const Weight* ws[] = {&f.gate_proj, &f.up_proj};
     float* outs[] = {s.ff_gate, s.ff_up};
     backend_.linear_multi(s.h, T, ws, outs, 2);
-    backend_.silu_mul(s.ff_gate, s.ff_up, s.ff_act, T * I);
-    backend_.linear(s.ff_act, T, f.down_proj, s.ff_out);
+    backend_.silu_mul_linear(s.ff_gate, s.ff_up, T, f.down_proj, s.ff_out, s.ff_act);
     return;
   }
   const int E = cfg_.num_experts, K = cfg_.num_experts_per_tok;

@@ -80,6 +80,8 @@ class CudaBackend final : public Backend {
   void scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) override;
 
   void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) override;
+  void silu_mul_linear(const float* gate, const float* up, int64_t n, const Weight& w, float* out,
+                       float* act) override;
   void linear_multi(const float* x, int64_t n, const Weight* const* ws, float* const* outs,
                     int count) override;
 

@@ -250,6 +250,28 @@ void CudaBackend::linear(const float* x, int64_t n, const Weight& w, float* out,
   gemm(x, n, m, out);
 }
 
+// 4-bit decode rows: silu(gate) * up is computed by the activation preparation of the digit
+// GEMV (no kernel of its own, as for the MoE experts' down projection).
+void CudaBackend::silu_mul_linear(const float* gate, const float* up, int64_t n, const Weight& w,
+                                  float* out, float* act) {
+  if (n >= 1 && n <= cuda::kQ4DigitMaxRows && !w.experts) {
+    const DevMat m = cuda::make_devmat(w, 0);
+    if (fast_kind(m, n, kGemvWorkspaceBytes) == cuda::GemvKind::kQ4 &&
+        reinterpret_cast<uintptr_t>(gate) % 16 == 0 && reinterpret_cast<uintptr_t>(up) % 16 == 0 &&
+        m.cols % 4 == 0) {
+      cuda::GemvJobs jobs;
+      jobs.m[0] = m;
+      jobs.out[0] = out;
+      jobs.count = 1;
+      const cuda::Q4Act a = cuda::launch_q4_prepare(stream_, gate, m.cols, n, m.cols, m.group,
+                                                    cuda::Q4Operands::kDigits, gemv_ws_, up);
+      cuda::launch_q4_gemv(stream_, jobs, a, static_cast<int>(n), cuda::Q4Slots{}, 0, gemv_ws_);
+      return;
+    }
+  }
+  Backend::silu_mul_linear(gate, up, n, w, out, act);
+}
+
 void CudaBackend::linear_multi(const float* x, int64_t n, const Weight* const* ws,
                                float* const* outs, int count) {
   if (n <= 0 || count <= 0) return;

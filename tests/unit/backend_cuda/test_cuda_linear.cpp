@@ -220,6 +220,38 @@ TEST_F(CudaLinear, MultiMatchesSeparateLinears) {
 // The 4-bit tensor-core GEMV scales each activation row into F16 range: rows of very different
 // magnitudes (1e4 and 1e-6) and rows with one large outlier must keep F32-level accuracy, at a
 // real model width (5120) and every group size.
+// A down projection of silu(gate) * up: fused into the 4-bit digit GEMV's preparation at 1-4
+// rows, the default (silu_mul, linear) otherwise; either way the CPU's silu_mul then linear.
+TEST_F(CudaLinear, SiluMulLinearMatchesCpu) {
+  Rng rng(8);
+  const int64_t I = 320, H = 96;
+  std::vector<HostWeight> ws;
+  ws.push_back(affine_weight(rng, 4, 64, DType::BF16, H, I, 0));
+  ws.push_back(affine_weight(rng, 4, 32, DType::F16, H, I, 0));
+  ws.push_back(float_weight(rng, DType::BF16, H, I, 0));
+  for (HostWeight& hw : ws) {
+    hw.w.data = hw.data.data();
+    if (hw.w.quantized()) {
+      hw.w.scales = hw.scales.data();
+      hw.w.biases = hw.biases.data();
+    }
+  }
+  for (size_t wi = 0; wi < ws.size(); ++wi) {
+    const Weight dw = gpu->upload_weight(ws[wi].w);
+    for (int64_t n : {1, 2, 4, 5, 17}) {
+      const std::vector<float> gate = rng.normals(static_cast<size_t>(n * I), 2.0f),
+                               upv = rng.normals(static_cast<size_t>(n * I));
+      std::vector<float> act(gate.size()), want(static_cast<size_t>(n * H));
+      cpu->silu_mul(gate.data(), upv.data(), act.data(), n * I);
+      cpu->linear(act.data(), n, ws[wi].w, want.data());
+      float* dout = poisoned(want.size());
+      gpu->silu_mul_linear(up(gate), up(upv), n, dw, dout, poisoned(act.size()));
+      expect_close(down(dout, want.size()), want, kTol,
+                   "weight " + std::to_string(wi) + " n=" + std::to_string(n));
+    }
+  }
+}
+
 TEST_F(CudaLinear, Q4DecodeKeepsF32AccuracyOverWideRanges) {
   Rng rng(7);
   for (int group : {32, 64, 128}) {
