@@ -201,6 +201,21 @@ class Backend {
     for (int i = 0; i < count; ++i) linear(x, n, *ws[i], outs[i]);
   }
 
+  // x += y (when y is not null), h = rmsnorm(x) * w over rows of `dim`, then outs[i] = h @ ws[i]^T
+  // as linear_multi: the norm that starts a block and the block's input projections. h is
+  // written as well (later ops may read it). The default runs add_rmsnorm (or rmsnorm), then
+  // linear_multi; a backend may prepare its matrix kernels' input in the norm's kernel.
+  virtual void rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h,
+                                    int64_t rows, int dim, float eps, const Weight* const* ws,
+                                    float* const* outs, int count) {
+    if (y != nullptr) {
+      add_rmsnorm(x, y, w, h, rows, dim, eps);
+    } else {
+      rmsnorm(x, w, h, rows, dim, eps);
+    }
+    linear_multi(h, rows, ws, outs, count);
+  }
+
   // out[n, w.rows] = (silu(gate) * up) @ W^T, gate and up [n, w.cols]: an MLP's down
   // projection. act [n, w.cols] receives silu(gate) * up unless the backend feeds the product
   // to its matrix kernel directly (then act is left as it was). The default runs silu_mul, then

@@ -74,6 +74,15 @@ void ProfilingBackend::scale_rows_sigmoid(float* x, const float* gate, int64_t r
 void ProfilingBackend::linear(const float* x, int64_t n, const Weight& w, float* out, int expert) {
   timed("linear " + weight_label(w), n, [&] { in_.linear(x, n, w, out, expert); });
 }
+void ProfilingBackend::rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h,
+                                            int64_t rows, int dim, float eps,
+                                            const Weight* const* ws, float* const* outs,
+                                            int count) {
+  std::string label = "rmsnorm_linear_multi";
+  for (int i = 0; i < count; ++i) label += " " + weight_label(*ws[i]);
+  timed(label, rows,
+        [&] { in_.rmsnorm_linear_multi(x, y, w, h, rows, dim, eps, ws, outs, count); });
+}
 void ProfilingBackend::silu_mul_linear(const float* gate, const float* up, int64_t n,
                                        const Weight& w, float* out, float* act) {
   timed("silu_mul_linear " + weight_label(w), n,

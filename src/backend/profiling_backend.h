@@ -73,6 +73,9 @@ class ProfilingBackend final : public Backend {
   void sigmoid_mul(float* x, const float* gate, int64_t n) override;
   void scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) override;
   void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) override;
+  void rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h, int64_t rows,
+                            int dim, float eps, const Weight* const* ws, float* const* outs,
+                            int count) override;
   void silu_mul_linear(const float* gate, const float* up, int64_t n, const Weight& w, float* out,
                        float* act) override;
   void linear_multi(const float* x, int64_t n, const Weight* const* ws, float* const* outs,

@@ -321,31 +321,29 @@ void Model::run_layers(const CacheViews& caches, int T, int R, bool keep_step_st
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   backend_.embed(w_.embed, s.tokens, T, s.x);
   int kv_i = 0, gdn_i = 0;
-  // The residual add that ends each block is fused with the norm that starts the next one.
-  backend_.rmsnorm(s.x, w_.layers.front().input_norm.data, s.h, T, static_cast<int>(H), eps);
+  // Each block starts with the residual add of the block before (none before the first), the
+  // norm and its input projections in one call (Backend::rmsnorm_linear_multi).
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LayerWeights& L = w_.layers[l];
+    const float* residual = l == 0 ? nullptr : s.ff_out;
     if (L.kind == LayerKind::kFullAttention) {
-      attention_block(L, kv_i++, caches, T);
+      attention_block(L, kv_i++, caches, T, residual);
     } else {
-      gdn_block(L, gdn_i++, caches, T, keep_step_states);
+      gdn_block(L, gdn_i++, caches, T, residual, keep_step_states);
     }
-    backend_.add_rmsnorm(s.x, s.mix, L.post_norm.data, s.h, T, static_cast<int>(H), eps);
-    ffn_block(L.ffn, T);
-    if (l + 1 < w_.layers.size()) {
-      backend_.add_rmsnorm(s.x, s.ff_out, w_.layers[l + 1].input_norm.data, s.h, T,
-                           static_cast<int>(H), eps);
-    } else {
-      backend_.add(s.x, s.ff_out, T * H);
-    }
+    ffn_block(L, T);
   }
+  backend_.add(s.x, s.ff_out, T * H);
   if (R == 0) return;
   backend_.gather_rows(s.x, static_cast<int>(H), s.logit_rows, R, s.sel);
-  backend_.rmsnorm(s.sel, w_.final_norm.data, s.sel, R, static_cast<int>(H), eps);
-  backend_.linear(s.sel, R, w_.lm_head, s.logits);
+  const Weight* head[] = {&w_.lm_head};
+  float* logits[] = {s.logits};
+  backend_.rmsnorm_linear_multi(s.sel, nullptr, w_.final_norm.data, s.sel, R, static_cast<int>(H),
+                                eps, head, logits, 1);
 }
 
-void Model::attention_block(const LayerWeights& L, int kv_index, const CacheViews& caches, int T) {
+void Model::attention_block(const LayerWeights& L, int kv_index, const CacheViews& caches, int T,
+                            const float* residual) {
   Scratch& s = *s_;
   const int Hq = cfg_.num_heads, D = cfg_.head_dim;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
@@ -354,7 +352,8 @@ void Model::attention_block(const LayerWeights& L, int kv_index, const CacheView
   {
     const Weight* ws[] = {&A.q_proj, &A.k_proj, &A.v_proj};
     float* outs[] = {cfg_.attn_output_gate ? s.qg : s.q, s.k, s.v};
-    backend_.linear_multi(s.h, T, ws, outs, 3);
+    backend_.rmsnorm_linear_multi(s.x, residual, L.input_norm.data, s.h, T,
+                                  static_cast<int>(cfg_.hidden_size), eps, ws, outs, 3);
   }
   const KVLayerView& kv = caches.kv[kv_index];
   // q_proj rows per head, gated: [query (D) | gate (D)].
@@ -368,7 +367,7 @@ void Model::attention_block(const LayerWeights& L, int kv_index, const CacheView
 }
 
 void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& caches, int T,
-                      bool keep_step_states) {
+                      const float* residual, bool keep_step_states) {
   (void)keep_step_states;
   Scratch& s = *s_;
   const GDNWeights& G = L.gdn;
@@ -376,7 +375,9 @@ void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& ca
   {
     const Weight* ws[] = {&G.in_proj_qkv, &G.in_proj_z, &G.in_proj_b, &G.in_proj_a};
     float* outs[] = {s.qkv, s.z, s.b, s.a};
-    backend_.linear_multi(s.h, T, ws, outs, 4);
+    backend_.rmsnorm_linear_multi(s.x, residual, L.input_norm.data, s.h, T,
+                                  static_cast<int>(cfg_.hidden_size),
+                                  static_cast<float>(cfg_.rms_norm_eps), ws, outs, 4);
   }
   const GDNStateView& st = caches.gdn[gdn_index];
   // conv_out rows: [q (Hk*Dk) | k (Hk*Dk) | v (Hv*Dv)].
@@ -388,12 +389,19 @@ void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& ca
   backend_.linear(s.o2, T, G.out_proj, s.mix);
 }
 
-void Model::ffn_block(const FFNWeights& f, int T) {
+void Model::ffn_block(const LayerWeights& L, int T) {
   Scratch& s = *s_;
+  const FFNWeights& f = L.ffn;
+  // x += the mixer's output; h = post_norm(x); the block's input projections of h.
+  const auto project = [&](const Weight* const* ws, float* const* outs, int count) {
+    backend_.rmsnorm_linear_multi(s.x, s.mix, L.post_norm.data, s.h, T,
+                                  static_cast<int>(cfg_.hidden_size),
+                                  static_cast<float>(cfg_.rms_norm_eps), ws, outs, count);
+  };
   if (!f.moe) {
     const Weight* ws[] = {&f.gate_proj, &f.up_proj};
     float* outs[] = {s.ff_gate, s.ff_up};
-    backend_.linear_multi(s.h, T, ws, outs, 2);
+    project(ws, outs, 2);
     backend_.silu_mul_linear(s.ff_gate, s.ff_up, T, f.down_proj, s.ff_out, s.ff_act);
     return;
   }
@@ -404,10 +412,12 @@ void Model::ffn_block(const FFNWeights& f, int T) {
   if (f.has_shared) {
     const Weight* ws[] = {&f.router, &f.shared_gate};
     float* outs[] = {s.router, s.sg};
-    backend_.linear_multi(s.h, T, ws, outs, 2);
+    project(ws, outs, 2);
     shared = SharedExpert{&f.gate_proj, &f.up_proj, &f.down_proj, s.sg};
   } else {
-    backend_.linear(s.h, T, f.router, s.router);
+    const Weight* ws[] = {&f.router};
+    float* outs[] = {s.router};
+    project(ws, outs, 1);
   }
   backend_.topk_softmax(s.router, T, E, K, cfg_.norm_topk_prob, s.topi, s.topw);
   backend_.moe(s.h, T, K, s.topi, s.topw, f.experts_gate, f.experts_up, f.experts_down,

@@ -76,10 +76,13 @@ class Model {
   // The op sequence of a forward over the uploaded batch (T tokens, R logit rows).
   void run_layers(const CacheViews& caches, int T, int R, bool keep_step_states);
   void forget_recordings();
-  void attention_block(const LayerWeights& L, int kv_index, const CacheViews& caches, int T);
+  // The mixers start from the residual stream s.x: residual (the block before's output, or null
+  // for the first layer) is added, then the input norm.
+  void attention_block(const LayerWeights& L, int kv_index, const CacheViews& caches, int T,
+                       const float* residual);
   void gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& caches, int T,
-                 bool keep_step_states);
-  void ffn_block(const FFNWeights& f, int T);
+                 const float* residual, bool keep_step_states);
+  void ffn_block(const LayerWeights& L, int T);
 
   Backend& backend_;
   std::string dir_;

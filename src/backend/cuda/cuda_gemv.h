@@ -88,6 +88,14 @@ constexpr int kQ4WideCB = kQ4GemvMaxRows / 4;
 // Workspace bytes for `rows` prepared rows of width K.
 size_t q4_act_bytes(int64_t rows, int64_t K, int group);
 bool q4_mma_eligible(const DevMat& m);
+// Where the activations of `rows` rows of width K are prepared in ws.act (no kernel).
+Q4Act q4_act_layout(int64_t rows, int64_t K, int group, Q4Operands operands,
+                    const GemvWorkspace& ws);
+// x += y (y may be null); h = rmsnorm(x) * w per row of width K (at most 8192); and h's digits
+// into `act` (q4_act_layout with kDigits): a block's norm and the preparation of its 4-bit
+// projections in one kernel.
+void launch_rmsnorm_q4d(cudaStream_t st, float* x, const float* y, const float* w, float* h,
+                        int64_t rows, int64_t K, float eps, const Q4Act& act);
 // With `up` (digits only): prepares silu(x) * up (both [rows, K] at stride ldx), the MoE down
 // projection's input, with no kernel of its own.
 Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t rows, int64_t K,

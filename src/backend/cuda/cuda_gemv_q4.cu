@@ -345,17 +345,12 @@ size_t q4_act_bytes(int64_t rows, int64_t K, int group) {
          al(static_cast<size_t>(rows) * sizeof(float));
 }
 
-Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t rows, int64_t K,
-                        int group, Q4Operands operands, const GemvWorkspace& ws, const float* up) {
+Q4Act q4_act_layout(int64_t rows, int64_t K, int group, Q4Operands operands,
+                    const GemvWorkspace& ws) {
   TM_CUDA_REQUIRE(group == 32 || group == 64 || group == 128, "q4 gemv: group 32, 64 or 128");
   TM_CUDA_REQUIRE(K % group == 0 && rows >= 1, "q4 gemv: columns must be whole groups");
   TM_CUDA_REQUIRE(q4_act_bytes(rows, K, group) <= ws.act_bytes,
                   "q4 gemv: activation workspace too small");
-  TM_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0 &&
-                      reinterpret_cast<uintptr_t>(up) % 16 == 0,
-                  "q4 gemv: activations must be 16-byte aligned");
-  TM_CUDA_REQUIRE(up == nullptr || operands == Q4Operands::kDigits,
-                  "q4 gemv: silu(x) * up is prepared as digits only");
   const auto al = [](size_t b) { return (b + 255) / 256 * 256; };
   auto* base = static_cast<uint8_t*>(ws.act);
   Q4Act act;
@@ -367,6 +362,17 @@ Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t ro
   act.colscale = reinterpret_cast<float*>(base);
   act.group = group;
   act.operands = operands;
+  return act;
+}
+
+Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t rows, int64_t K,
+                        int group, Q4Operands operands, const GemvWorkspace& ws, const float* up) {
+  TM_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(up) % 16 == 0,
+                  "q4 gemv: activations must be 16-byte aligned");
+  TM_CUDA_REQUIRE(up == nullptr || operands == Q4Operands::kDigits,
+                  "q4 gemv: silu(x) * up is prepared as digits only");
+  const Q4Act act = q4_act_layout(rows, K, group, operands, ws);
   if (operands == Q4Operands::kDigits) {
     launch_q4d_prepare_kernel(st, x, up, ldx, rows, K, act);
     return act;

@@ -36,35 +36,14 @@ constexpr int kPrepThreads = 256;
 // few loads in flight).
 constexpr int kQ4MinSteps = 8;
 
-// One thread per 8-value word of the [rows, K] activations. Writes the digits as planes
-// [row][digit][K/8] of 8 bytes per word (nibble order 0,2,4,6,1,3,5,7) and per (row, group)
-// {2^-e, sum of the group's values} (NaN, NaN when the group holds a non-finite value).
-__global__ void __launch_bounds__(kPrepThreads)
-    q4d_prepare_kernel(const float* __restrict__ x, const float* __restrict__ up, int64_t ldx,
-                       int64_t rows, int64_t K, int group, Q4Act act) {
-  // The GEMV that follows starts loading its weights now; it waits for this kernel's
-  // completion before it reads the activations.
-  pdl_begin();
+// The digits of one 8-value word (v in nibble order 0,2,4,6,1,3,5,7) of activation row c, word
+// j of K/8: written as planes [row][digit][K/8] of 8 bytes per word, and per (row, group)
+// {2^-e, sum of the group's values} (NaN, NaN when the group holds a non-finite value). Called
+// by whole warps (shuffles); a group's G/8 words are aligned lanes of one warp; `live` false for
+// lanes past the row.
+__device__ __forceinline__ void q4d_store_word(const float (&v)[8], bool live, int64_t c, int64_t j,
+                                               int64_t K, int group, const Q4Act& act) {
   const int64_t words = K / 8;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  // Whole warps stay in the loop body (shuffles); a group's G/8 threads are aligned lanes.
-  const bool live = i < rows * words;
-  const int64_t c = live ? i / words : 0, j = live ? i % words : 0;
-  float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
-  if (live) {
-    const float4* x4 = reinterpret_cast<const float4*>(x + c * ldx);
-    a = x4[2 * j];
-    b = x4[2 * j + 1];
-    if (up != nullptr) {  // the MoE down projection's input: silu(gate) * up
-      const float4* u4 = reinterpret_cast<const float4*>(up + c * ldx);
-      const float4 ua = u4[2 * j], ub = u4[2 * j + 1];
-      a = make_float4(silu_f(a.x) * ua.x, silu_f(a.y) * ua.y, silu_f(a.z) * ua.z,
-                      silu_f(a.w) * ua.w);
-      b = make_float4(silu_f(b.x) * ub.x, silu_f(b.y) * ub.y, silu_f(b.z) * ub.z,
-                      silu_f(b.w) * ub.w);
-    }
-  }
-  const float v[8] = {a.x, a.z, b.x, b.z, a.y, a.w, b.y, b.w};  // nibbles 0,2,4,6,1,3,5,7
   float m = 0.0f;
   bool nan = false;
 #pragma unroll
@@ -109,6 +88,78 @@ __global__ void __launch_bounds__(kPrepThreads)
     reinterpret_cast<float2*>(act.sums)[c * (K / group) + j / wpg] =
         finite ? make_float2(back, sum * back) : make_float2(NAN, NAN);
   }
+}
+
+// One thread per 8-value word of the [rows, K] activations (q4d_store_word).
+__global__ void __launch_bounds__(kPrepThreads)
+    q4d_prepare_kernel(const float* __restrict__ x, const float* __restrict__ up, int64_t ldx,
+                       int64_t rows, int64_t K, int group, Q4Act act) {
+  // The GEMV that follows starts loading its weights now; it waits for this kernel's
+  // completion before it reads the activations.
+  pdl_begin();
+  const int64_t words = K / 8;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // Whole warps stay in the loop body (shuffles); a group's G/8 threads are aligned lanes.
+  const bool live = i < rows * words;
+  const int64_t c = live ? i / words : 0, j = live ? i % words : 0;
+  float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+  if (live) {
+    const float4* x4 = reinterpret_cast<const float4*>(x + c * ldx);
+    a = x4[2 * j];
+    b = x4[2 * j + 1];
+    if (up != nullptr) {  // the MoE down projection's input: silu(gate) * up
+      const float4* u4 = reinterpret_cast<const float4*>(up + c * ldx);
+      const float4 ua = u4[2 * j], ub = u4[2 * j + 1];
+      a = make_float4(silu_f(a.x) * ua.x, silu_f(a.y) * ua.y, silu_f(a.z) * ua.z,
+                      silu_f(a.w) * ua.w);
+      b = make_float4(silu_f(b.x) * ub.x, silu_f(b.y) * ub.y, silu_f(b.z) * ub.z,
+                      silu_f(b.w) * ub.w);
+    }
+  }
+  const float v[8] = {a.x, a.z, b.x, b.z, a.y, a.w, b.y, b.w};  // nibbles 0,2,4,6,1,3,5,7
+  q4d_store_word(v, live, c, j, K, group, act);
+}
+
+// (x += y when y is given;) h = rmsnorm(x) * w, and h's digits for the 4-bit GEMVs that read
+// it next: the norm that starts a block and the preparation of its projections in one kernel.
+// Block per row, thread j owns word j (8 values); the arithmetic is rmsnorm_vec_kernel's.
+__global__ void __launch_bounds__(1024)
+    rmsnorm_q4d_kernel(float* x, const float* y, const float* __restrict__ w, float* h, int64_t K,
+                       float eps, int group, Q4Act act) {
+  pdl_begin();
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x, words = K / 8, j = threadIdx.x;
+  const bool live = j < words;
+  float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+  float4* x4 = reinterpret_cast<float4*>(x + r * K);
+  if (live) {
+    a = x4[2 * j];
+    b = x4[2 * j + 1];
+    if (y != nullptr) {
+      const float4* y4 = reinterpret_cast<const float4*>(y + r * K);
+      const float4 ya = y4[2 * j], yb = y4[2 * j + 1];
+      a = make_float4(a.x + ya.x, a.y + ya.y, a.z + ya.z, a.w + ya.w);
+      b = make_float4(b.x + yb.x, b.y + yb.y, b.z + yb.z, b.w + yb.w);
+    }
+  }
+  float ss = a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+  ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+  if (y != nullptr && live) {
+    x4[2 * j] = a;
+    x4[2 * j + 1] = b;
+  }
+  const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(K) + eps);
+  if (live) {
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    const float4 wa = w4[2 * j], wb = w4[2 * j + 1];
+    a = make_float4(a.x * inv * wa.x, a.y * inv * wa.y, a.z * inv * wa.z, a.w * inv * wa.w);
+    b = make_float4(b.x * inv * wb.x, b.y * inv * wb.y, b.z * inv * wb.z, b.w * inv * wb.w);
+    float4* h4 = reinterpret_cast<float4*>(h + r * K);
+    h4[2 * j] = a;
+    h4[2 * j + 1] = b;
+  }
+  const float v[8] = {a.x, a.z, b.x, b.z, a.y, a.w, b.y, b.w};
+  q4d_store_word(v, live, r, j, K, group, act);
 }
 
 __device__ __forceinline__ void imma(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -328,6 +379,16 @@ void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, const float* up,
                                int64_t rows, int64_t K, const Q4Act& act) {
   launch_pdl(q4d_prepare_kernel, dim3(blocks_for(rows * (K / 8), kPrepThreads)), dim3(kPrepThreads),
              0, st, x, up, ldx, rows, K, act.group, act);
+  TM_CUDA_LAUNCHED();
+}
+
+void launch_rmsnorm_q4d(cudaStream_t st, float* x, const float* y, const float* w, float* h,
+                        int64_t rows, int64_t K, float eps, const Q4Act& act) {
+  TM_CUDA_REQUIRE(K % act.group == 0 && K / 8 <= 1024 && rows >= 1 && rows <= 65535,
+                  "rmsnorm_q4d: rows of whole groups, at most 8192 wide");
+  const int threads = static_cast<int>((K / 8 + 31) / 32 * 32);
+  launch_pdl(rmsnorm_q4d_kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, st, x, y, w,
+             h, K, eps, act.group, act);
   TM_CUDA_LAUNCHED();
 }
 

@@ -250,6 +250,61 @@ void CudaBackend::linear(const float* x, int64_t n, const Weight& w, float* out,
   gemm(x, n, m, out);
 }
 
+// Decode rows: the norm's kernel also writes h's digits for the 4-bit matrices of the first 4-bit
+// matrix's group size and scale type (one GEMV launch per 4 of them), so they need no
+// preparation kernel; the other matrices read h through linear_multi.
+void CudaBackend::rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h,
+                                       int64_t rows, int dim, float eps, const Weight* const* ws,
+                                       float* const* outs, int count) {
+  const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  int q4[16];
+  int nq = 0;
+  DevMat first;
+  if (rows >= 1 && rows <= cuda::kQ4DigitMaxRows && dim % 8 == 0 && dim / 8 <= 1024 &&
+      count <= 16 && al(x) && al(y) && al(w) && al(h)) {
+    for (int i = 0; i < count; ++i) {
+      const DevMat m = cuda::make_devmat(*ws[i], 0);
+      if (ws[i]->experts || m.cols != dim ||
+          fast_kind(m, rows, kGemvWorkspaceBytes) != cuda::GemvKind::kQ4) {
+        continue;
+      }
+      if (nq > 0 && (m.group != first.group || m.sdtype != first.sdtype)) continue;
+      if (nq == 0) first = m;
+      q4[nq++] = i;
+    }
+  }
+  if (nq == 0) {
+    Backend::rmsnorm_linear_multi(x, y, w, h, rows, dim, eps, ws, outs, count);
+    return;
+  }
+  const cuda::Q4Act act =
+      cuda::q4_act_layout(rows, dim, first.group, cuda::Q4Operands::kDigits, gemv_ws_);
+  cuda::launch_rmsnorm_q4d(stream_, x, y, w, h, rows, dim, eps, act);
+  for (int b = 0; b < nq; b += cuda::kMaxGemvJobs) {
+    cuda::GemvJobs jobs;
+    for (int c = b; c < nq && c < b + cuda::kMaxGemvJobs; ++c) {
+      jobs.m[jobs.count] = cuda::make_devmat(*ws[q4[c]], 0);
+      jobs.out[jobs.count] = outs[q4[c]];
+      ++jobs.count;
+    }
+    cuda::launch_q4_gemv(stream_, jobs, act, static_cast<int>(rows), cuda::Q4Slots{}, 0, gemv_ws_);
+  }
+  // The rest (other formats or group sizes) after the 4-bit launches: a preparation of theirs
+  // rewrites the workspace only once those have finished (every kernel waits for the one before).
+  const Weight* rest[16];
+  float* rest_out[16];
+  int nr = 0;
+  for (int i = 0, k = 0; i < count; ++i) {
+    if (k < nq && q4[k] == i) {
+      ++k;
+      continue;
+    }
+    rest[nr] = ws[i];
+    rest_out[nr++] = outs[i];
+  }
+  if (nr > 0) linear_multi(h, rows, rest, rest_out, nr);
+}
+
 // 4-bit decode rows: silu(gate) * up is computed by the activation preparation of the digit
 // GEMV (no kernel of its own, as for the MoE experts' down projection).
 void CudaBackend::silu_mul_linear(const float* gate, const float* up, int64_t n, const Weight& w,

@@ -220,6 +220,62 @@ TEST_F(CudaLinear, MultiMatchesSeparateLinears) {
 // The 4-bit tensor-core GEMV scales each activation row into F16 range: rows of very different
 // magnitudes (1e4 and 1e-6) and rows with one large outlier must keep F32-level accuracy, at a
 // real model width (5120) and every group size.
+// The norm that starts a block and its projections: for 1-4 rows the norm's kernel prepares the
+// 4-bit matrices of the first one's group size (here 64: two of them, one launch), the rest (a
+// bf16 matrix and a 4-bit one of group 32) read h; more rows take the default. x, h and every
+// output against the CPU's add_rmsnorm (or rmsnorm) then linear.
+TEST_F(CudaLinear, RmsnormLinearMultiMatchesCpu) {
+  Rng rng(9);
+  const int64_t H = 512;
+  std::vector<HostWeight> set;
+  set.push_back(affine_weight(rng, 4, 64, DType::BF16, 80, H, 0));
+  set.push_back(float_weight(rng, DType::BF16, 16, H, 0));
+  set.push_back(affine_weight(rng, 4, 64, DType::BF16, 33, H, 0));
+  set.push_back(affine_weight(rng, 4, 32, DType::BF16, 24, H, 0));
+  for (HostWeight& hw : set) {
+    hw.w.data = hw.data.data();
+    if (hw.w.quantized()) {
+      hw.w.scales = hw.scales.data();
+      hw.w.biases = hw.biases.data();
+    }
+  }
+  std::vector<Weight> dws;
+  for (const HostWeight& hw : set) dws.push_back(gpu->upload_weight(hw.w));
+  const std::vector<float> norm_w = rng.normals(static_cast<size_t>(H));
+  for (bool residual : {false, true}) {
+    for (int64_t n : {1, 3, 4, 6}) {
+      const std::string what = std::string(residual ? "add" : "plain") + " n=" + std::to_string(n);
+      std::vector<float> x = rng.normals(static_cast<size_t>(n * H), 3.0f),
+                         y = rng.normals(static_cast<size_t>(n * H));
+      float* dx = up(x);
+      std::vector<float> h(x.size());
+      if (residual) {
+        cpu->add_rmsnorm(x.data(), y.data(), norm_w.data(), h.data(), n, static_cast<int>(H),
+                         1e-6f);
+      } else {
+        cpu->rmsnorm(x.data(), norm_w.data(), h.data(), n, static_cast<int>(H), 1e-6f);
+      }
+      std::vector<const Weight*> ws;
+      std::vector<float*> outs;
+      for (size_t i = 0; i < set.size(); ++i) {
+        ws.push_back(&dws[i]);
+        outs.push_back(poisoned(static_cast<size_t>(n * set[i].w.rows)));
+      }
+      float* dh = poisoned(h.size());
+      gpu->rmsnorm_linear_multi(dx, residual ? up(y) : nullptr, up(norm_w), dh, n,
+                                static_cast<int>(H), 1e-6f, ws.data(), outs.data(),
+                                static_cast<int>(set.size()));
+      expect_close(down(dx, x.size()), x, kTol, what + " x");
+      expect_close(down(dh, h.size()), h, kTol, what + " h");
+      for (size_t i = 0; i < set.size(); ++i) {
+        std::vector<float> want(static_cast<size_t>(n * set[i].w.rows));
+        cpu->linear(h.data(), n, set[i].w, want.data());
+        expect_close(down(outs[i], want.size()), want, kTol, what + " matrix " + std::to_string(i));
+      }
+    }
+  }
+}
+
 // A down projection of silu(gate) * up: fused into the 4-bit digit GEMV's preparation at 1-4
 // rows, the default (silu_mul, linear) otherwise; either way the CPU's silu_mul then linear.
 TEST_F(CudaLinear, SiluMulLinearMatchesCpu) {
