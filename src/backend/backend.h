@@ -216,6 +216,16 @@ class Backend {
     linear_multi(h, rows, ws, outs, count);
   }
 
+  // out[n, w.rows] = g @ W^T with g = rmsnorm_gated(o, z, norm_w) over `heads` heads of `dim`
+  // per row (g [n, heads * dim] is written to `normed`): the GDN output projection. The default
+  // runs rmsnorm_gated, then linear.
+  virtual void rmsnorm_gated_linear(const float* o, const float* z, const float* norm_w,
+                                    float* normed, int64_t n, int heads, int dim, float eps,
+                                    const Weight& w, float* out) {
+    rmsnorm_gated(o, z, norm_w, normed, n * heads, dim, eps);
+    linear(normed, n, w, out);
+  }
+
   // out[n, w.rows] = (silu(gate) * up) @ W^T, gate and up [n, w.cols]: an MLP's down
   // projection. act [n, w.cols] receives silu(gate) * up unless the backend feeds the product
   // to its matrix kernel directly (then act is left as it was). The default runs silu_mul, then

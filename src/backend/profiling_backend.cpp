@@ -83,6 +83,12 @@ void ProfilingBackend::rmsnorm_linear_multi(float* x, const float* y, const floa
   timed(label, rows,
         [&] { in_.rmsnorm_linear_multi(x, y, w, h, rows, dim, eps, ws, outs, count); });
 }
+void ProfilingBackend::rmsnorm_gated_linear(const float* o, const float* z, const float* norm_w,
+                                            float* normed, int64_t n, int heads, int dim, float eps,
+                                            const Weight& w, float* out) {
+  timed("rmsnorm_gated_linear " + weight_label(w), n,
+        [&] { in_.rmsnorm_gated_linear(o, z, norm_w, normed, n, heads, dim, eps, w, out); });
+}
 void ProfilingBackend::silu_mul_linear(const float* gate, const float* up, int64_t n,
                                        const Weight& w, float* out, float* act) {
   timed("silu_mul_linear " + weight_label(w), n,

@@ -384,9 +384,8 @@ void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& ca
   backend_.gdn_front(st, s.seqs, s.slots, s.qkv, G.conv.data, s.a, s.b, G.a_log.data,
                      G.dt_bias.data, s.conv_out, s.q, s.k, s.v, s.g, s.beta);
   backend_.gated_delta_rule(st, s.seqs, s.slots, s.q, s.k, s.v, s.g, s.beta, s.o, nullptr);
-  backend_.rmsnorm_gated(s.o, s.z, G.norm.data, s.o2, int64_t{T} * Hv, Dv,
-                         static_cast<float>(cfg_.rms_norm_eps));
-  backend_.linear(s.o2, T, G.out_proj, s.mix);
+  backend_.rmsnorm_gated_linear(s.o, s.z, G.norm.data, s.o2, T, Hv, Dv,
+                                static_cast<float>(cfg_.rms_norm_eps), G.out_proj, s.mix);
 }
 
 void Model::ffn_block(const LayerWeights& L, int T) {

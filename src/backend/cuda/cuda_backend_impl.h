@@ -83,6 +83,9 @@ class CudaBackend final : public Backend {
   void rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h, int64_t rows,
                             int dim, float eps, const Weight* const* ws, float* const* outs,
                             int count) override;
+  void rmsnorm_gated_linear(const float* o, const float* z, const float* norm_w, float* normed,
+                            int64_t n, int heads, int dim, float eps, const Weight& w,
+                            float* out) override;
   void silu_mul_linear(const float* gate, const float* up, int64_t n, const Weight& w, float* out,
                        float* act) override;
   void linear_multi(const float* x, int64_t n, const Weight* const* ws, float* const* outs,

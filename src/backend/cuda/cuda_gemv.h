@@ -96,6 +96,11 @@ Q4Act q4_act_layout(int64_t rows, int64_t K, int group, Q4Operands operands,
 // projections in one kernel.
 void launch_rmsnorm_q4d(cudaStream_t st, float* x, const float* y, const float* w, float* h,
                         int64_t rows, int64_t K, float eps, const Q4Act& act);
+// g = rmsnorm_gated(o, z, w) per head of `dim` (dim / 8 a power of two <= 32) of `rows` rows of
+// heads * dim (at most 8192), written to `normed`, and g's digits into `act` (kDigits).
+void launch_rmsnorm_gated_q4d(cudaStream_t st, const float* o, const float* z, const float* w,
+                              float* normed, int64_t rows, int heads, int dim, float eps,
+                              const Q4Act& act);
 // With `up` (digits only): prepares silu(x) * up (both [rows, K] at stride ldx), the MoE down
 // projection's input, with no kernel of its own.
 Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t rows, int64_t K,

@@ -162,6 +162,42 @@ __global__ void __launch_bounds__(1024)
   q4d_store_word(v, live, r, j, K, group, act);
 }
 
+// g = w * (o * inv) * silu(z) per head (rmsnorm_gated_kernel's arithmetic, the head's sum of
+// squares in lane shuffles), and g's digits. Block per row of heads * dim values, thread j owns
+// word j; a head's dim / 8 words are aligned lanes of one warp.
+__global__ void __launch_bounds__(1024)
+    rmsnorm_gated_q4d_kernel(const float* __restrict__ o, const float* __restrict__ z,
+                             const float* __restrict__ w, float* normed, int dim, int64_t K,
+                             float eps, int group, Q4Act act) {
+  pdl_begin();
+  const int64_t r = blockIdx.x, words = K / 8, j = threadIdx.x;
+  const int lanes = dim / 8;
+  const bool live = j < words;
+  float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a, za = a, zb = a;
+  if (live) {
+    const float4* o4 = reinterpret_cast<const float4*>(o + r * K);
+    const float4* z4 = reinterpret_cast<const float4*>(z + r * K);
+    a = o4[2 * j], b = o4[2 * j + 1], za = z4[2 * j], zb = z4[2 * j + 1];
+  }
+  float ss = a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+  ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+  for (int s = 1; s < lanes; s <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+  if (live) {
+    const float4* w4 = reinterpret_cast<const float4*>(w) + 2 * (j % lanes);
+    const float4 wa = w4[0], wb = w4[1];
+    a = make_float4(wa.x * (a.x * inv) * silu_f(za.x), wa.y * (a.y * inv) * silu_f(za.y),
+                    wa.z * (a.z * inv) * silu_f(za.z), wa.w * (a.w * inv) * silu_f(za.w));
+    b = make_float4(wb.x * (b.x * inv) * silu_f(zb.x), wb.y * (b.y * inv) * silu_f(zb.y),
+                    wb.z * (b.z * inv) * silu_f(zb.z), wb.w * (b.w * inv) * silu_f(zb.w));
+    float4* g4 = reinterpret_cast<float4*>(normed + r * K);
+    g4[2 * j] = a;
+    g4[2 * j + 1] = b;
+  }
+  const float v[8] = {a.x, a.z, b.x, b.z, a.y, a.w, b.y, b.w};
+  q4d_store_word(v, live, r, j, K, group, act);
+}
+
 __device__ __forceinline__ void imma(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                      uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -389,6 +425,20 @@ void launch_rmsnorm_q4d(cudaStream_t st, float* x, const float* y, const float* 
   const int threads = static_cast<int>((K / 8 + 31) / 32 * 32);
   launch_pdl(rmsnorm_q4d_kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, st, x, y, w,
              h, K, eps, act.group, act);
+  TM_CUDA_LAUNCHED();
+}
+
+void launch_rmsnorm_gated_q4d(cudaStream_t st, const float* o, const float* z, const float* w,
+                              float* normed, int64_t rows, int heads, int dim, float eps,
+                              const Q4Act& act) {
+  const int64_t K = int64_t{heads} * dim;
+  TM_CUDA_REQUIRE(dim % 8 == 0 && dim / 8 <= 32 && (dim / 8 & (dim / 8 - 1)) == 0 &&
+                      K % act.group == 0 && K / 8 <= 1024 && rows >= 1 && rows <= 65535,
+                  "rmsnorm_gated_q4d: heads of 8..256 (a power of two), rows of whole groups "
+                  "at most 8192 wide");
+  const int threads = static_cast<int>((K / 8 + 31) / 32 * 32);
+  launch_pdl(rmsnorm_gated_q4d_kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, st, o,
+             z, w, normed, dim, K, eps, act.group, act);
   TM_CUDA_LAUNCHED();
 }
 

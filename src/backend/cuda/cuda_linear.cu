@@ -305,6 +305,31 @@ void CudaBackend::rmsnorm_linear_multi(float* x, const float* y, const float* w,
   if (nr > 0) linear_multi(h, rows, rest, rest_out, nr);
 }
 
+// 4-bit decode rows: the gated norm's kernel writes the digits (rmsnorm_gated_q4d_kernel).
+void CudaBackend::rmsnorm_gated_linear(const float* o, const float* z, const float* norm_w,
+                                       float* normed, int64_t n, int heads, int dim, float eps,
+                                       const Weight& w, float* out) {
+  const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const int64_t K = int64_t{heads} * dim;
+  const int lanes = dim / 8;  // words per head: whole aligned runs of lanes
+  if (n >= 1 && n <= cuda::kQ4DigitMaxRows && !w.experts && dim % 8 == 0 && lanes <= 32 &&
+      (lanes & (lanes - 1)) == 0 && K / 8 <= 1024 && al(o) && al(z) && al(norm_w) && al(normed)) {
+    const DevMat m = cuda::make_devmat(w, 0);
+    if (m.cols == K && fast_kind(m, n, kGemvWorkspaceBytes) == cuda::GemvKind::kQ4) {
+      const cuda::Q4Act act =
+          cuda::q4_act_layout(n, K, m.group, cuda::Q4Operands::kDigits, gemv_ws_);
+      cuda::launch_rmsnorm_gated_q4d(stream_, o, z, norm_w, normed, n, heads, dim, eps, act);
+      cuda::GemvJobs jobs;
+      jobs.m[0] = m;
+      jobs.out[0] = out;
+      jobs.count = 1;
+      cuda::launch_q4_gemv(stream_, jobs, act, static_cast<int>(n), cuda::Q4Slots{}, 0, gemv_ws_);
+      return;
+    }
+  }
+  Backend::rmsnorm_gated_linear(o, z, norm_w, normed, n, heads, dim, eps, w, out);
+}
+
 // 4-bit decode rows: silu(gate) * up is computed by the activation preparation of the digit
 // GEMV (no kernel of its own, as for the MoE experts' down projection).
 void CudaBackend::silu_mul_linear(const float* gate, const float* up, int64_t n, const Weight& w,

@@ -276,6 +276,42 @@ TEST_F(CudaLinear, RmsnormLinearMultiMatchesCpu) {
   }
 }
 
+// The GDN output projection of the gated norm: fused for 4-bit weights at 1-4 rows, the default
+// otherwise; the normed rows and the outputs against the CPU's rmsnorm_gated then linear.
+TEST_F(CudaLinear, RmsnormGatedLinearMatchesCpu) {
+  Rng rng(10);
+  const int heads = 6, D = 128;
+  const int64_t K = int64_t{heads} * D, R = 40;
+  std::vector<HostWeight> ws;
+  ws.push_back(affine_weight(rng, 4, 64, DType::BF16, R, K, 0));
+  ws.push_back(affine_weight(rng, 4, 128, DType::F16, R, K, 0));
+  ws.push_back(float_weight(rng, DType::BF16, R, K, 0));
+  for (HostWeight& hw : ws) {
+    hw.w.data = hw.data.data();
+    if (hw.w.quantized()) {
+      hw.w.scales = hw.scales.data();
+      hw.w.biases = hw.biases.data();
+    }
+  }
+  const std::vector<float> norm_w = rng.normals(static_cast<size_t>(D));
+  for (size_t wi = 0; wi < ws.size(); ++wi) {
+    const Weight dw = gpu->upload_weight(ws[wi].w);
+    for (int64_t n : {1, 4, 5}) {
+      const std::string what = "weight " + std::to_string(wi) + " n=" + std::to_string(n);
+      const std::vector<float> o = rng.normals(static_cast<size_t>(n * K), 2.0f),
+                               z = rng.normals(static_cast<size_t>(n * K));
+      std::vector<float> g(o.size()), want(static_cast<size_t>(n * R));
+      cpu->rmsnorm_gated(o.data(), z.data(), norm_w.data(), g.data(), n * heads, D, 1e-6f);
+      cpu->linear(g.data(), n, ws[wi].w, want.data());
+      float* dg = poisoned(g.size());
+      float* dout = poisoned(want.size());
+      gpu->rmsnorm_gated_linear(up(o), up(z), up(norm_w), dg, n, heads, D, 1e-6f, dw, dout);
+      expect_close(down(dg, g.size()), g, kTol, what + " normed");
+      expect_close(down(dout, want.size()), want, kTol, what);
+    }
+  }
+}
+
 // A down projection of silu(gate) * up: fused into the 4-bit digit GEMV's preparation at 1-4
 // rows, the default (silu_mul, linear) otherwise; either way the CPU's silu_mul then linear.
 TEST_F(CudaLinear, SiluMulLinearMatchesCpu) {
