@@ -226,6 +226,15 @@ class Backend {
     linear(normed, n, w, out);
   }
 
+  // out[n, w.rows] = (x * sigmoid(gate)) @ W^T, x and gate [n, w.cols]: the gated attention
+  // output's projection. x may hold the product afterwards (the default multiplies in place,
+  // then runs linear).
+  virtual void sigmoid_mul_linear(float* x, const float* gate, int64_t n, const Weight& w,
+                                  float* out) {
+    sigmoid_mul(x, gate, n * w.cols);
+    linear(x, n, w, out);
+  }
+
   // out[n, w.rows] = (silu(gate) * up) @ W^T, gate and up [n, w.cols]: an MLP's down
   // projection. act [n, w.cols] receives silu(gate) * up unless the backend feeds the product
   // to its matrix kernel directly (then act is left as it was). The default runs silu_mul, then

@@ -89,6 +89,11 @@ void ProfilingBackend::rmsnorm_gated_linear(const float* o, const float* z, cons
   timed("rmsnorm_gated_linear " + weight_label(w), n,
         [&] { in_.rmsnorm_gated_linear(o, z, norm_w, normed, n, heads, dim, eps, w, out); });
 }
+void ProfilingBackend::sigmoid_mul_linear(float* x, const float* gate, int64_t n, const Weight& w,
+                                          float* out) {
+  timed("sigmoid_mul_linear " + weight_label(w), n,
+        [&] { in_.sigmoid_mul_linear(x, gate, n, w, out); });
+}
 void ProfilingBackend::silu_mul_linear(const float* gate, const float* up, int64_t n,
                                        const Weight& w, float* out, float* act) {
   timed("silu_mul_linear " + weight_label(w), n,

@@ -79,6 +79,8 @@ class ProfilingBackend final : public Backend {
   void rmsnorm_gated_linear(const float* o, const float* z, const float* norm_w, float* normed,
                             int64_t n, int heads, int dim, float eps, const Weight& w,
                             float* out) override;
+  void sigmoid_mul_linear(float* x, const float* gate, int64_t n, const Weight& w,
+                          float* out) override;
   void silu_mul_linear(const float* gate, const float* up, int64_t n, const Weight& w, float* out,
                        float* act) override;
   void linear_multi(const float* x, int64_t n, const Weight* const* ws, float* const* outs,

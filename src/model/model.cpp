@@ -348,7 +348,6 @@ void Model::attention_block(const LayerWeights& L, int kv_index, const CacheView
   const int Hq = cfg_.num_heads, D = cfg_.head_dim;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const AttentionWeights& A = L.attn;
-  const int64_t QD = int64_t{Hq} * D;
   {
     const Weight* ws[] = {&A.q_proj, &A.k_proj, &A.v_proj};
     float* outs[] = {cfg_.attn_output_gate ? s.qg : s.q, s.k, s.v};
@@ -362,8 +361,11 @@ void Model::attention_block(const LayerWeights& L, int kv_index, const CacheView
                            A.k_norm.data, eps, Hq, cfg_.rotary_dim,
                            static_cast<float>(cfg_.rope_theta), s.q, s.gate, s.k, s.v);
   backend_.attention(kv, s.paging, s.seqs, s.q, Hq, 1.0f / std::sqrt(static_cast<float>(D)), s.o);
-  if (cfg_.attn_output_gate) backend_.sigmoid_mul(s.o, s.gate, T * QD);
-  backend_.linear(s.o, T, A.o_proj, s.mix);
+  if (cfg_.attn_output_gate) {
+    backend_.sigmoid_mul_linear(s.o, s.gate, T, A.o_proj, s.mix);
+  } else {
+    backend_.linear(s.o, T, A.o_proj, s.mix);
+  }
 }
 
 void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& caches, int T,

@@ -86,6 +86,8 @@ class CudaBackend final : public Backend {
   void rmsnorm_gated_linear(const float* o, const float* z, const float* norm_w, float* normed,
                             int64_t n, int heads, int dim, float eps, const Weight& w,
                             float* out) override;
+  void sigmoid_mul_linear(float* x, const float* gate, int64_t n, const Weight& w,
+                          float* out) override;
   void silu_mul_linear(const float* gate, const float* up, int64_t n, const Weight& w, float* out,
                        float* act) override;
   void linear_multi(const float* x, int64_t n, const Weight* const* ws, float* const* outs,
@@ -135,6 +137,8 @@ class CudaBackend final : public Backend {
   // Prefill GEMM on tensor cores (cuda_gemm.cu): out[n, rows] = x[n, cols] . m^T.
   void gemm(const float* x, int64_t n, const cuda::DevMat& m, float* out);
   // moe's general form: per-slot indexed GEMVs of any fast format, no shared expert.
+  bool gated_q4_linear(const float* x, const float* y, bool sigmoid_gate, int64_t n,
+                       const Weight& w, float* out);
   void moe_routed_indexed(const float* x, int64_t n, int k, const int32_t* ids,
                           const float* weights, const cuda::DevMat& gate, const cuda::DevMat& up,
                           const cuda::DevMat& down, float* out, float* scratch);

@@ -101,19 +101,20 @@ void launch_rmsnorm_q4d(cudaStream_t st, float* x, const float* y, const float* 
 void launch_rmsnorm_gated_q4d(cudaStream_t st, const float* o, const float* z, const float* w,
                               float* normed, int64_t rows, int heads, int dim, float eps,
                               const Q4Act& act);
-// With `up` (digits only): prepares silu(x) * up (both [rows, K] at stride ldx), the MoE down
-// projection's input, with no kernel of its own.
+// With `up` (digits only): prepares silu(x) * up (both [rows, K] at stride ldx), an MLP down
+// projection's input, with no kernel of its own; with sigmoid_gate too, x * sigmoid(up) (the
+// gated attention output).
 Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t rows, int64_t K,
                         int group, Q4Operands operands, const GemvWorkspace& ws,
-                        const float* up = nullptr);
+                        const float* up = nullptr, bool sigmoid_gate = false);
 // No slots (sl.ids == nullptr): out[j][i, r] for the n prepared rows. Otherwise `slots` slots of
 // one activation row each (Q4Slots).
 void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, const Q4Slots& sl,
                     int64_t slots, const GemvWorkspace& ws);
 
 // The digit kernels (cuda_gemv_q4d.cu), called by the two above with checked arguments.
-void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, const float* up, int64_t ldx,
-                               int64_t rows, int64_t K, const Q4Act& act);
+void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, const float* up, bool sigmoid_gate,
+                               int64_t ldx, int64_t rows, int64_t K, const Q4Act& act);
 void launch_q4d_gemv_kernel(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
                             const Q4Slots& sl, int64_t tiles, int64_t tiles_per_slot,
                             const GemvWorkspace& ws);

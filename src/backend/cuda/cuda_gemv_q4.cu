@@ -366,7 +366,8 @@ Q4Act q4_act_layout(int64_t rows, int64_t K, int group, Q4Operands operands,
 }
 
 Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t rows, int64_t K,
-                        int group, Q4Operands operands, const GemvWorkspace& ws, const float* up) {
+                        int group, Q4Operands operands, const GemvWorkspace& ws, const float* up,
+                        bool sigmoid_gate) {
   TM_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0 &&
                       reinterpret_cast<uintptr_t>(up) % 16 == 0,
                   "q4 gemv: activations must be 16-byte aligned");
@@ -374,7 +375,7 @@ Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t ro
                   "q4 gemv: silu(x) * up is prepared as digits only");
   const Q4Act act = q4_act_layout(rows, K, group, operands, ws);
   if (operands == Q4Operands::kDigits) {
-    launch_q4d_prepare_kernel(st, x, up, ldx, rows, K, act);
+    launch_q4d_prepare_kernel(st, x, up, sigmoid_gate, ldx, rows, K, act);
     return act;
   }
   const int64_t parts = std::clamp<int64_t>(K / 8 / kQ4Threads, 1, 16);

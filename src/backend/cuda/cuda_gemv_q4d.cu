@@ -92,8 +92,8 @@ __device__ __forceinline__ void q4d_store_word(const float (&v)[8], bool live, i
 
 // One thread per 8-value word of the [rows, K] activations (q4d_store_word).
 __global__ void __launch_bounds__(kPrepThreads)
-    q4d_prepare_kernel(const float* __restrict__ x, const float* __restrict__ up, int64_t ldx,
-                       int64_t rows, int64_t K, int group, Q4Act act) {
+    q4d_prepare_kernel(const float* __restrict__ x, const float* __restrict__ up, bool sigmoid_gate,
+                       int64_t ldx, int64_t rows, int64_t K, int group, Q4Act act) {
   // The GEMV that follows starts loading its weights now; it waits for this kernel's
   // completion before it reads the activations.
   pdl_begin();
@@ -107,7 +107,14 @@ __global__ void __launch_bounds__(kPrepThreads)
     const float4* x4 = reinterpret_cast<const float4*>(x + c * ldx);
     a = x4[2 * j];
     b = x4[2 * j + 1];
-    if (up != nullptr) {  // the MoE down projection's input: silu(gate) * up
+    if (up != nullptr && sigmoid_gate) {  // the gated attention output: x * sigmoid(gate)
+      const float4* u4 = reinterpret_cast<const float4*>(up + c * ldx);
+      const float4 ua = u4[2 * j], ub = u4[2 * j + 1];
+      a = make_float4(a.x * sigmoid_f(ua.x), a.y * sigmoid_f(ua.y), a.z * sigmoid_f(ua.z),
+                      a.w * sigmoid_f(ua.w));
+      b = make_float4(b.x * sigmoid_f(ub.x), b.y * sigmoid_f(ub.y), b.z * sigmoid_f(ub.z),
+                      b.w * sigmoid_f(ub.w));
+    } else if (up != nullptr) {  // an MLP down projection's input: silu(gate) * up
       const float4* u4 = reinterpret_cast<const float4*>(up + c * ldx);
       const float4 ua = u4[2 * j], ub = u4[2 * j + 1];
       a = make_float4(silu_f(a.x) * ua.x, silu_f(a.y) * ua.y, silu_f(a.z) * ua.z,
@@ -411,10 +418,10 @@ void launch_cb(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, c
 
 }  // namespace
 
-void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, const float* up, int64_t ldx,
-                               int64_t rows, int64_t K, const Q4Act& act) {
+void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, const float* up, bool sigmoid_gate,
+                               int64_t ldx, int64_t rows, int64_t K, const Q4Act& act) {
   launch_pdl(q4d_prepare_kernel, dim3(blocks_for(rows * (K / 8), kPrepThreads)), dim3(kPrepThreads),
-             0, st, x, up, ldx, rows, K, act.group, act);
+             0, st, x, up, sigmoid_gate, ldx, rows, K, act.group, act);
   TM_CUDA_LAUNCHED();
 }
 

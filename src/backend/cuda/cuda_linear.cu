@@ -330,26 +330,38 @@ void CudaBackend::rmsnorm_gated_linear(const float* o, const float* z, const flo
   Backend::rmsnorm_gated_linear(o, z, norm_w, normed, n, heads, dim, eps, w, out);
 }
 
-// 4-bit decode rows: silu(gate) * up is computed by the activation preparation of the digit
-// GEMV (no kernel of its own, as for the MoE experts' down projection).
+// 4-bit decode rows whose input is a product of two rows: the digit GEMV's preparation computes
+// it (silu(x) * y or x * sigmoid(y)), no kernel of its own. False when the fast path does not
+// apply (the caller then runs the ops one by one).
+bool CudaBackend::gated_q4_linear(const float* x, const float* y, bool sigmoid_gate, int64_t n,
+                                  const Weight& w, float* out) {
+  if (n < 1 || n > cuda::kQ4DigitMaxRows || w.experts) return false;
+  const DevMat m = cuda::make_devmat(w, 0);
+  if (fast_kind(m, n, kGemvWorkspaceBytes) != cuda::GemvKind::kQ4 ||
+      reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(y) % 16 != 0 ||
+      m.cols % 4 != 0) {
+    return false;
+  }
+  cuda::GemvJobs jobs;
+  jobs.m[0] = m;
+  jobs.out[0] = out;
+  jobs.count = 1;
+  const cuda::Q4Act a = cuda::launch_q4_prepare(
+      stream_, x, m.cols, n, m.cols, m.group, cuda::Q4Operands::kDigits, gemv_ws_, y, sigmoid_gate);
+  cuda::launch_q4_gemv(stream_, jobs, a, static_cast<int>(n), cuda::Q4Slots{}, 0, gemv_ws_);
+  return true;
+}
+
 void CudaBackend::silu_mul_linear(const float* gate, const float* up, int64_t n, const Weight& w,
                                   float* out, float* act) {
-  if (n >= 1 && n <= cuda::kQ4DigitMaxRows && !w.experts) {
-    const DevMat m = cuda::make_devmat(w, 0);
-    if (fast_kind(m, n, kGemvWorkspaceBytes) == cuda::GemvKind::kQ4 &&
-        reinterpret_cast<uintptr_t>(gate) % 16 == 0 && reinterpret_cast<uintptr_t>(up) % 16 == 0 &&
-        m.cols % 4 == 0) {
-      cuda::GemvJobs jobs;
-      jobs.m[0] = m;
-      jobs.out[0] = out;
-      jobs.count = 1;
-      const cuda::Q4Act a = cuda::launch_q4_prepare(stream_, gate, m.cols, n, m.cols, m.group,
-                                                    cuda::Q4Operands::kDigits, gemv_ws_, up);
-      cuda::launch_q4_gemv(stream_, jobs, a, static_cast<int>(n), cuda::Q4Slots{}, 0, gemv_ws_);
-      return;
-    }
+  if (!gated_q4_linear(gate, up, false, n, w, out)) {
+    Backend::silu_mul_linear(gate, up, n, w, out, act);
   }
-  Backend::silu_mul_linear(gate, up, n, w, out, act);
+}
+
+void CudaBackend::sigmoid_mul_linear(float* x, const float* gate, int64_t n, const Weight& w,
+                                     float* out) {
+  if (!gated_q4_linear(x, gate, true, n, w, out)) Backend::sigmoid_mul_linear(x, gate, n, w, out);
 }
 
 void CudaBackend::linear_multi(const float* x, int64_t n, const Weight* const* ws,

@@ -312,8 +312,9 @@ TEST_F(CudaLinear, RmsnormGatedLinearMatchesCpu) {
   }
 }
 
-// A down projection of silu(gate) * up: fused into the 4-bit digit GEMV's preparation at 1-4
-// rows, the default (silu_mul, linear) otherwise; either way the CPU's silu_mul then linear.
+// A down projection of silu(gate) * up, and a projection of x * sigmoid(gate): fused into the
+// 4-bit digit GEMV's preparation at 1-4 rows, the default (the elementwise op, then linear)
+// otherwise; either way the CPU's elementwise op then linear.
 TEST_F(CudaLinear, SiluMulLinearMatchesCpu) {
   Rng rng(8);
   const int64_t I = 320, H = 96;
@@ -340,6 +341,14 @@ TEST_F(CudaLinear, SiluMulLinearMatchesCpu) {
       gpu->silu_mul_linear(up(gate), up(upv), n, dw, dout, poisoned(act.size()));
       expect_close(down(dout, want.size()), want, kTol,
                    "weight " + std::to_string(wi) + " n=" + std::to_string(n));
+      // The gated attention output's form: x * sigmoid(gate).
+      std::vector<float> gated = upv;
+      cpu->sigmoid_mul(gated.data(), gate.data(), n * I);
+      cpu->linear(gated.data(), n, ws[wi].w, want.data());
+      dout = poisoned(want.size());
+      gpu->sigmoid_mul_linear(up(upv), up(gate), n, dw, dout);
+      expect_close(down(dout, want.size()), want, kTol,
+                   "sigmoid weight " + std::to_string(wi) + " n=" + std::to_string(n));
     }
   }
 }
