@@ -12,7 +12,40 @@
 namespace tokenmill::cudatest {
 namespace {
 
-class CudaAttention : public CudaVsCpu {};
+class CudaAttention : public CudaVsCpu {
+ protected:
+  // One step of S sequences, sequence s adding add[s] tokens after its prev[s] cached ones: the
+  // varlen layout and the paging over `tables` on the host, and their device copies (dseqs,
+  // dpg, with the device's copy of the tables).
+  struct Step {
+    std::vector<int32_t> cu = {0}, positions, ctx;
+    SeqLayout seqs, dseqs;
+    KVPaging pg, dpg;
+    int tokens = 0;
+  };
+  Step make_step(const std::vector<int>& prev, const std::vector<int>& add,
+                 const std::vector<int32_t>& tables, int32_t* dtables, int max_blocks) {
+    Step st;
+    const int S = static_cast<int>(prev.size());
+    for (int s = 0; s < S; ++s) {
+      for (int i = 0; i < add[s]; ++i) st.positions.push_back(prev[s] + i);
+      st.cu.push_back(st.cu.back() + add[s]);
+      st.ctx.push_back(prev[s] + add[s]);
+    }
+    st.tokens = st.cu.back();
+    st.seqs = SeqLayout{S, st.tokens, st.cu.data(), st.positions.data(),
+                        *std::max_element(add.begin(), add.end())};
+    st.pg = KVPaging{tables.data(), max_blocks, st.ctx.data(),
+                     *std::max_element(st.ctx.begin(), st.ctx.end())};
+    st.dseqs = st.seqs;
+    st.dseqs.cu_seqlens = up(st.cu);
+    st.dseqs.positions = up(st.positions);
+    st.dpg = st.pg;
+    st.dpg.block_tables = dtables;
+    st.dpg.context_lens = up(st.ctx);
+    return st;
+  }
+};
 
 TEST_F(CudaAttention, PagedCausalGqaTwoSteps) {
   Rng rng(21);
@@ -40,30 +73,19 @@ TEST_F(CudaAttention, PagedCausalGqaTwoSteps) {
     std::vector<int> prev = prev0;
     for (const std::vector<int>& add :
          {std::vector<int>{5, 1, 30, 1}, std::vector<int>{1, 12, 1, 2}}) {
-      std::vector<int32_t> cu = {0}, positions, ctx;
-      for (int s = 0; s < S; ++s) {
-        for (int i = 0; i < add[s]; ++i) positions.push_back(prev[s] + i);
-        cu.push_back(cu.back() + add[s]);
-        ctx.push_back(prev[s] + add[s]);
-      }
-      const int T = cu.back();
+      const Step st = make_step(prev, add, tables, dtables, max_blocks);
+      const SeqLayout &seqs = st.seqs, &dseqs = st.dseqs;
+      const KVPaging &pg = st.pg, &dpg = st.dpg;
+      const int T = st.tokens;
       std::vector<float> k = rng.normals(static_cast<size_t>(T) * row);
       std::vector<float> v = rng.normals(k.size());
       std::vector<float> q = rng.normals(static_cast<size_t>(T) * heads * D);
-      SeqLayout seqs{S, T, cu.data(), positions.data(), *std::max_element(add.begin(), add.end())};
-      KVPaging pg{tables.data(), max_blocks, ctx.data(), *std::max_element(ctx.begin(), ctx.end())};
       KVLayerView kv{kc.data(), vc.data(), block_size, kv_heads, D};
       cpu->kv_append(kv, pg, seqs, k.data(), v.data());
       std::vector<float> want(q.size());
       const float scale = 1.0f / std::sqrt(static_cast<float>(D));
       cpu->attention(kv, pg, seqs, q.data(), heads, scale, want.data());
 
-      SeqLayout dseqs = seqs;
-      dseqs.cu_seqlens = up(cu);
-      dseqs.positions = up(positions);
-      KVPaging dpg = pg;
-      dpg.block_tables = dtables;
-      dpg.context_lens = up(ctx);
       KVLayerView dkv{dk, dv, block_size, kv_heads, D};
       gpu->kv_append(dkv, dpg, dseqs, up(k), up(v));
       float* dq = up(q);
@@ -119,28 +141,17 @@ TEST_F(CudaAttention, Bf16CacheMatchesCpu) {
     std::vector<int> prev = {0, 17, 100, 3};
     for (const std::vector<int>& add :
          {std::vector<int>{5, 1, 30, 1}, std::vector<int>{1, 12, 1, 2}}) {
-      std::vector<int32_t> cu = {0}, positions, ctx;
-      for (int s = 0; s < S; ++s) {
-        for (int i = 0; i < add[s]; ++i) positions.push_back(prev[s] + i);
-        cu.push_back(cu.back() + add[s]);
-        ctx.push_back(prev[s] + add[s]);
-      }
-      const int T = cu.back();
+      const Step st = make_step(prev, add, tables, dtables, max_blocks);
+      const SeqLayout &seqs = st.seqs, &dseqs = st.dseqs;
+      const KVPaging &pg = st.pg, &dpg = st.dpg;
+      const int T = st.tokens;
       std::vector<float> k = rng.normals(static_cast<size_t>(T) * row), v = rng.normals(k.size());
       std::vector<float> q = rng.normals(static_cast<size_t>(T) * heads * D);
-      SeqLayout seqs{S, T, cu.data(), positions.data(), *std::max_element(add.begin(), add.end())};
-      KVPaging pg{tables.data(), max_blocks, ctx.data(), *std::max_element(ctx.begin(), ctx.end())};
       KVLayerView kv{kc.data(), vc.data(), block_size, kv_heads, D, DType::BF16};
       cpu->kv_append(kv, pg, seqs, k.data(), v.data());
       std::vector<float> want(q.size());
       const float scale = 1.0f / std::sqrt(static_cast<float>(D));
       cpu->attention(kv, pg, seqs, q.data(), heads, scale, want.data());
-      SeqLayout dseqs = seqs;
-      dseqs.cu_seqlens = up(cu);
-      dseqs.positions = up(positions);
-      KVPaging dpg = pg;
-      dpg.block_tables = dtables;
-      dpg.context_lens = up(ctx);
       KVLayerView dkv{dk, dv, block_size, kv_heads, D, DType::BF16};
       gpu->kv_append(dkv, dpg, dseqs, up(k), up(v));
       EXPECT_EQ(down(dk, cache_n), kc) << "bf16 k cache, D=" << D;
@@ -161,31 +172,20 @@ TEST_F(CudaAttention, Bf16CacheMatchesCpu) {
       for (int s = 0; s < S; ++s) prev[s] += add[s];
     }
     // The fused front appends the next token of each sequence.
-    std::vector<int32_t> cu = {0}, positions, ctx;
-    for (int s = 0; s < S; ++s) {
-      positions.push_back(prev[s]);
-      cu.push_back(s + 1);
-      ctx.push_back(prev[s] + 1);
-    }
+    const Step st = make_step(prev, std::vector<int>(S, 1), tables, dtables, max_blocks);
+    const SeqLayout &seqs = st.seqs, &dseqs = st.dseqs;
+    const KVPaging &pg = st.pg, &dpg = st.dpg;
     const int T = S;
     std::vector<float> qp = rng.normals(static_cast<size_t>(T) * heads * D * 2, 3.0f);
     std::vector<float> k = rng.normals(static_cast<size_t>(T) * row, 3.0f);
     std::vector<float> v = rng.normals(k.size());
     std::vector<float> qn = rng.normals(static_cast<size_t>(D), 0.5f);
     std::vector<float> kn = rng.normals(static_cast<size_t>(D), 0.5f);
-    SeqLayout seqs{S, T, cu.data(), positions.data(), 1};
-    KVPaging pg{tables.data(), max_blocks, ctx.data(), *std::max_element(ctx.begin(), ctx.end())};
     KVLayerView kv{kc.data(), vc.data(), block_size, kv_heads, D, DType::BF16};
     const size_t nq = static_cast<size_t>(T) * heads * D;
     std::vector<float> q(nq), gate(nq), kw = k;
     cpu->attention_front(kv, pg, seqs, qp.data(), true, qn.data(), kn.data(), 1e-6f, heads, 64,
                          1e6f, q.data(), gate.data(), kw.data(), v.data());
-    SeqLayout dseqs = seqs;
-    dseqs.cu_seqlens = up(cu);
-    dseqs.positions = up(positions);
-    KVPaging dpg = pg;
-    dpg.block_tables = dtables;
-    dpg.context_lens = up(ctx);
     KVLayerView dkv{dk, dv, block_size, kv_heads, D, DType::BF16};
     gpu->attention_front(dkv, dpg, dseqs, up(qp), true, up(qn), up(kn), 1e-6f, heads, 64, 1e6f,
                          poisoned(nq), poisoned(nq), up(k), up(v));
