@@ -58,30 +58,30 @@ __device__ __forceinline__ float load_scale(const DevMat& m, const uint8_t* p, i
   return load_sb(m.sdtype, p, i);
 }
 
-// Steps [k0, k1) of one tile (kRowsPerWarp rows of one job); a step is two 16-byte chunks per
+// Steps [k0, k1) of one tile (RPW rows of one job); a step is two 16-byte chunks per
 // lane, 64 chunks per row. Returns the warp-reduced sums (every lane holds all of them).
-template <int N, class C>
+template <int N, class C, int RPW>
 __device__ __forceinline__ void fast_tile_dot(const DevMat& m, int64_t r0, const float* x,
                                               int64_t ldx, int n, int64_t k0, int64_t k1,
-                                              float (&acc)[N][kRowsPerWarp]) {
+                                              float (&acc)[N][RPW]) {
   const int lane = threadIdx.x & 31;
   const int64_t chunks = m.row_bytes / 16;
   constexpr int V = C::kValues;
 #pragma unroll
   for (int i = 0; i < N; ++i)
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) acc[i][r] = 0.0f;
+    for (int r = 0; r < RPW; ++r) acc[i][r] = 0.0f;
   // All loads of a step are issued before any math (bytes in flight are what a bandwidth-bound
   // kernel lives on).
   for (int64_t step = k0; step < k1; ++step) {
     const int64_t c0 = step * 64 + lane;
-    uint4 wq[2][kRowsPerWarp];
-    [[maybe_unused]] float sc[2][kRowsPerWarp], bi[2][kRowsPerWarp];
+    uint4 wq[2][RPW];
+    [[maybe_unused]] float sc[2][RPW], bi[2][RPW];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t c = c0 + 32 * h < chunks ? c0 + 32 * h : c0 < chunks ? c0 : 0;
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
+      for (int r = 0; r < RPW; ++r) {
         const int64_t row = r0 + r < m.rows ? r0 + r : r0;  // duplicate a valid row past the end
         wq[h][r] = __ldcs(reinterpret_cast<const uint4*>(m.data + row * m.row_bytes) + c);
         if constexpr (kAffine<C>) {
@@ -111,7 +111,7 @@ __device__ __forceinline__ void fast_tile_dot(const DevMat& m, int64_t r0, const
           for (int q = 0; q < V; ++q) xsum += xv[q];
         }
 #pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
+        for (int r = 0; r < RPW; ++r) {
           float wv[V];
           C::decode(wq[h][r], wv);
           float d = 0.0f;
@@ -130,16 +130,16 @@ __device__ __forceinline__ void fast_tile_dot(const DevMat& m, int64_t r0, const
   for (int i = 0; i < N; ++i) {
     if (i >= n) break;
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) acc[i][r] = warp_sum(acc[i][r]);
+    for (int r = 0; r < RPW; ++r) acc[i][r] = warp_sum(acc[i][r]);
   }
 }
 
 // Each warp takes an equal range of the flattened (tile, step) work (cuda_streamk.cuh). Lane l
-// owns results 2l and 2l+1 of the tile's [N][kRowsPerWarp] sums for the stream-K fixup and the
+// owns results 2l and 2l+1 of the tile's [N][RPW] sums for the stream-K fixup and the
 // output.
 // 8-bit chunks hold more live values: at bf16's block counts the 8-bit kernels spilled
 // 140-444 bytes.
-template <int N, class C>
+template <int N, class C, int RPW>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kAffine<C> ? (N == 1   ? 4
                                                                      : N <= 4 ? 3
                                                                               : 2)
@@ -155,15 +155,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kAffine<C> ? (N == 1   ? 
     int j = 0;
     while (j + 1 < jobs.count && tile >= jobs.first_tile[j + 1]) ++j;
     const DevMat& m = jobs.m[j];
-    const int64_t r0 = (tile - jobs.first_tile[j]) * kRowsPerWarp;
-    float acc[N][kRowsPerWarp];
-    fast_tile_dot<N, C>(m, r0, x, ldx, n, k0, k1, acc);
+    const int64_t r0 = (tile - jobs.first_tile[j]) * RPW;
+    float acc[N][RPW];
+    fast_tile_dot<N, C, RPW>(m, r0, x, ldx, n, k0, k1, acc);
     float mine[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < N; ++i)
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const int e = i * kRowsPerWarp + r;
+      for (int r = 0; r < RPW; ++r) {
+        const int e = i * RPW + r;
         if (e == 2 * lane) mine[0] = acc[i][r];
         if (e == 2 * lane + 1) mine[1] = acc[i][r];
       }
@@ -172,18 +172,34 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kAffine<C> ? (N == 1   ? 
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int e = 2 * lane + h, i = e / kRowsPerWarp;
-      const int64_t r = r0 + e % kRowsPerWarp;
+      const int e = 2 * lane + h, i = e / RPW;
+      const int64_t r = r0 + e % RPW;
       if (i < n && r < m.rows) jobs.out[j][i * m.rows + r] = mine[h];
     }
   });
 }
 
-template <int N, class C>
-void launch_n(cudaStream_t st, const GemvJobs& jobs, int64_t tiles, const float* x, int64_t ldx,
-              int n, const GemvWorkspace& ws) {
-  const auto kernel = gemv_fast_kernel<N, C>;
+// Rows per tile: kRowsPerWarp share each load of x; a small single-row GEMV (a MoE router:
+// 256x2048 at 8 bits, 130 warps of 4-row tiles, one per SM) takes one row per warp instead, for
+// four times the warps: the kernel is bound by each warp's instruction latency there (ncu: 7.8
+// cycles per issue, 11.9 us for 0.5 MB).
+template <int N, class C, int RPW = kRowsPerWarp>
+void launch_n(cudaStream_t st, GemvJobs jobs, int64_t tiles, const float* x, int64_t ldx, int n,
+              const GemvWorkspace& ws) {
   const int64_t steps = (jobs.m[0].row_bytes / 16 + 63) / 64;
+  if constexpr (N == 1 && RPW == kRowsPerWarp) {
+    if (tiles * steps < 4 * static_cast<int64_t>(ws.sm_count)) {
+      int64_t single = 0;
+      for (int j = 0; j < jobs.count; ++j) {
+        jobs.first_tile[j] = single;
+        single += jobs.m[j].rows;
+      }
+      jobs.first_tile[jobs.count] = single;
+      launch_n<1, C, 1>(st, jobs, single, x, ldx, n, ws);
+      return;
+    }
+  }
+  const auto kernel = gemv_fast_kernel<N, C, RPW>;
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), kWarpsPerBlock * 32, tiles,
                                   steps, 64, ws);
   launch_pdl(kernel, dim3(static_cast<unsigned>((sk.warps + kWarpsPerBlock - 1) / kWarpsPerBlock)),
