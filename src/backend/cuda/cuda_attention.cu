@@ -1,7 +1,8 @@
-// Paged KV append and causal GQA attention over the paged cache. Attention: one block of 4
-// warps per (query row, query head); warp w scores keys w, w+4, ... with an online softmax
-// (running max, sum and F32 accumulator per warp), and the 4 partial states are merged at the
-// end. head_dim <= 256 (8 values per lane).
+// Paged KV append, the attention front, and causal GQA attention over the paged cache for few
+// query rows (decode; prefill rows take cuda_attention_prefill.cu where the shape allows).
+// One-pass attention (the fallback): one block of 4 warps per (query row, query head); warp w
+// scores keys w, w+4, ... with an online softmax (running max, sum and F32 accumulator per warp),
+// and the 4 partial states are merged at the end. head_dim <= 256 (8 values per lane).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -9,47 +10,13 @@
 
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kv.cuh"
 
 namespace tokenmill::cuda {
 namespace {
 
 constexpr int kAttnWarps = 4;
 constexpr int kMaxDPerLane = 8;  // head_dim <= 256
-
-// Cache row (in units of kv_heads*head_dim... as a position index) of position p of sequence s,
-// or -1 when the block table has no block there.
-__device__ __forceinline__ int64_t cache_pos(const int32_t* tables, int max_blocks, int block_size,
-                                             int s, int64_t p) {
-  const int64_t b = p / block_size;
-  if (b >= max_blocks) return -1;
-  const int32_t block = tables[static_cast<int64_t>(s) * max_blocks + b];
-  if (block < 0) return -1;
-  return static_cast<int64_t>(block) * block_size + p % block_size;
-}
-
-// KV cache elements: F32, or BF16 kept as its 16 bits (uint16_t), rounded to nearest even when
-// stored (as the CPU backend rounds). Loads widen to F32.
-__device__ __forceinline__ float kv_load(const float* p, int64_t i) {
-  return p[i];
-}
-__device__ __forceinline__ float kv_load(const uint16_t* p, int64_t i) {
-  return __uint_as_float(static_cast<uint32_t>(p[i]) << 16);
-}
-__device__ __forceinline__ void kv_store(float* p, int64_t i, float x) {
-  p[i] = x;
-}
-__device__ __forceinline__ void kv_store(uint16_t* p, int64_t i, float x) {
-  p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
-}
-// Four consecutive elements from a 16-byte (F32) or 8-byte (BF16) aligned address.
-__device__ __forceinline__ float4 kv_load4(const float* p) {
-  return *reinterpret_cast<const float4*>(p);
-}
-__device__ __forceinline__ float4 kv_load4(const uint16_t* p) {
-  const uint2 u = *reinterpret_cast<const uint2*>(p);
-  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
-                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
-}
 
 template <typename T>
 __global__ void kv_append_kernel(KVLayerView kv, KVPaging pg, SeqLayout seqs,
@@ -565,6 +532,8 @@ void CudaBackend::attention(const KVLayerView& kv, const KVPaging& paging, const
     TM_CUDA_LAUNCHED();
     return;
   }
+  // Many rows (prefill), or no workspace: the tensor-core kernel where it takes the shape.
+  if (cuda::launch_attention_prefill(stream_, kv, paging, seqs, q, heads, scale, out)) return;
   const dim3 grid(static_cast<unsigned>(seqs.n_tokens), static_cast<unsigned>(heads));
   cuda::with_kv_type(kv.dtype, [&](auto tag) {
     cuda::launch_pdl(cuda::attention_kernel<decltype(tag)>, grid, cuda::kAttnWarps * 32, 0, stream_,

@@ -2,7 +2,8 @@
 // held through the runtime's opaque struct type) so both the .cpp and the .cu files include it.
 // Op implementations are split by topic: cuda_backend.cpp (memory, weights), cuda_fill.cu
 // (random fill, read probe), cuda_linear.cu (generic GEMV, GEMM, embed), cuda_gemv.cu (fast
-// decode GEMV), cuda_attention.cu, cuda_gdn.cu, cuda_elementwise.cu, cuda_moe.cu.
+// decode GEMV), cuda_attention.cu (decode), cuda_attention_prefill.cu, cuda_gdn.cu,
+// cuda_elementwise.cu, cuda_moe.cu.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,12 @@ struct GemvWorkspace {
   int64_t max_warps = 0;  // counters and partial slots exist for this many warps
   int sm_count = 0;
 };
+
+// Causal GQA attention on the tensor cores (cuda_attention_prefill.cu) for head_dim 32, 64, 128
+// or 256 and up to 8 query heads per kv head; false, launching nothing, for other shapes.
+bool launch_attention_prefill(CUstream_st* st, const KVLayerView& kv, const KVPaging& pg,
+                              const SeqLayout& seqs, const float* q, int heads, float scale,
+                              float* out);
 }  // namespace cuda
 
 class CudaBackend final : public Backend {

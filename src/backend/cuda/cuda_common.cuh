@@ -211,6 +211,17 @@ __device__ __forceinline__ float sigmoid_f(float x) {
   return 1.0f / (1.0f + expf(-x));
 }
 
+// d += a * b on the tensor cores: one m16n8k16 tile, F16 operands (a: 4 registers of the row-major
+// 16x16 A fragment, b: 2 of the column-major 16x8 B fragment), F32 accumulators.
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // Programmatic dependent launch (Hopper): a kernel started with launch_pdl() may begin
 // while the kernel before it in the stream still runs, once that kernel called
 // allow_dependent_launch() (or its blocks finished). Before it touches anything the earlier

@@ -1,0 +1,47 @@
+// Internal to backend/cuda: paged KV cache addressing and element loads, shared by the decode
+// attention kernels (cuda_attention.cu) and the prefill kernel (cuda_attention_prefill.cu).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tokenmill::cuda {
+
+// Cache row (in units of kv_heads*head_dim... as a position index) of position p of sequence s,
+// or -1 when the block table has no block there.
+__device__ __forceinline__ int64_t cache_pos(const int32_t* tables, int max_blocks, int block_size,
+                                             int s, int64_t p) {
+  const int64_t b = p / block_size;
+  if (b >= max_blocks) return -1;
+  const int32_t block = tables[static_cast<int64_t>(s) * max_blocks + b];
+  if (block < 0) return -1;
+  return static_cast<int64_t>(block) * block_size + p % block_size;
+}
+
+// KV cache elements: F32, or BF16 kept as its 16 bits (uint16_t), rounded to nearest even when
+// stored (as the CPU backend rounds). Loads widen to F32.
+__device__ __forceinline__ float kv_load(const float* p, int64_t i) {
+  return p[i];
+}
+__device__ __forceinline__ float kv_load(const uint16_t* p, int64_t i) {
+  return __uint_as_float(static_cast<uint32_t>(p[i]) << 16);
+}
+__device__ __forceinline__ void kv_store(float* p, int64_t i, float x) {
+  p[i] = x;
+}
+__device__ __forceinline__ void kv_store(uint16_t* p, int64_t i, float x) {
+  p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+// Four consecutive elements from a 16-byte (F32) or 8-byte (BF16) aligned address.
+__device__ __forceinline__ float4 kv_load4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 kv_load4(const uint16_t* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
+}  // namespace tokenmill::cuda
