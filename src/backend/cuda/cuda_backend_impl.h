@@ -143,12 +143,17 @@ class CudaBackend final : public Backend {
  private:
   // Prefill GEMM on tensor cores (cuda_gemm.cu): out[n, rows] = x[n, cols] . m^T.
   void gemm(const float* x, int64_t n, const cuda::DevMat& m, float* out);
-  // moe's general form: per-slot indexed GEMVs of any fast format, no shared expert.
   bool gated_q4_linear(const float* x, const float* y, bool sigmoid_gate, int64_t n,
                        const Weight& w, float* out);
+  // moe's general form: per-slot indexed GEMVs of any fast format, no shared expert.
   void moe_routed_indexed(const float* x, int64_t n, int k, const int32_t* ids,
                           const float* weights, const cuda::DevMat& gate, const cuda::DevMat& up,
                           const cuda::DevMat& down, float* out, float* scratch);
+  // moe's prefill form: slots grouped by expert on the host, each expert's tokens through its
+  // matrices once. False (nothing done) while a stream capture runs or the scratch is short.
+  bool moe_grouped(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
+                   const Weight& gate, const Weight& up, const Weight& down, float* out,
+                   float* scratch, int64_t scratch_floats);
   void init_gemm();
   void destroy_gemm();
 

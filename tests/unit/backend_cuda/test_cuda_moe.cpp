@@ -77,7 +77,9 @@ TEST_F(CudaMoe, MatchesCpu) {
       sg.w.experts = su.w.experts = sd.w.experts = 0;
       const Weight dsg = gpu->upload_weight(sg.w), dsu = gpu->upload_weight(su.w),
                    dsd = gpu->upload_weight(sd.w);
-      for (int64_t n : {1, 5, 40}) {
+      // The grouped form: n = 40 and 200 (8 slots per expert and more), 4-bit only at 200 (32 and
+      // more); at 200 with GEMMs of more than 64 rows.
+      for (int64_t n : {1, 5, 40, 200}) {
         const std::string what = "moe bits " + std::to_string(bits) + " shared " +
                                  std::to_string(shared_inter) + " n=" + std::to_string(n);
         std::vector<float> x = rng.normals(static_cast<size_t>(n * hidden));
