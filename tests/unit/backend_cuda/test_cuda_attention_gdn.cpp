@@ -45,6 +45,18 @@ class CudaAttention : public CudaVsCpu {
     st.dpg.context_lens = up(st.ctx);
     return st;
   }
+  // attention() with a split-context workspace of the size it asks for; empty when it asks for
+  // none (the step's rows or head_dim do not take the split kernel).
+  std::vector<float> split_attention(const KVLayerView& dkv, const Step& st, const float* dq,
+                                     int heads, float scale, int capacity, size_t n) {
+    const size_t ws = gpu->attention_workspace_floats(st.tokens, heads, dkv.head_dim, capacity);
+    if (ws == 0) return {};
+    gpu->set_attention_workspace(poisoned(ws), ws);
+    float* out = poisoned(n);
+    gpu->attention(dkv, st.dpg, st.dseqs, dq, heads, scale, out);
+    gpu->set_attention_workspace(nullptr, 0);
+    return down(out, n);
+  }
 };
 
 TEST_F(CudaAttention, PagedCausalGqaTwoSteps) {
@@ -96,16 +108,10 @@ TEST_F(CudaAttention, PagedCausalGqaTwoSteps) {
       EXPECT_EQ(down(dv, cache_n), vc) << "v cache after append, D=" << D;
       expect_close(down(dout, want.size()), want, 1e-5, "attention D=" + std::to_string(D));
       // With a workspace, few query rows and head_dim a multiple of 128: split-context decoding.
-      const size_t ws = gpu->attention_workspace_floats(T, heads, D, max_blocks * block_size);
-      EXPECT_EQ(ws > 0, D % 128 == 0) << "D=" << D;
-      if (ws > 0) {
-        gpu->set_attention_workspace(poisoned(ws), ws);
-        float* dsplit = poisoned(want.size());
-        gpu->attention(dkv, dpg, dseqs, dq, heads, scale, dsplit);
-        expect_close(down(dsplit, want.size()), want, 1e-5,
-                     "split attention D=" + std::to_string(D));
-        gpu->set_attention_workspace(nullptr, 0);
-      }
+      const std::vector<float> split =
+          split_attention(dkv, st, dq, heads, scale, max_blocks * block_size, want.size());
+      EXPECT_EQ(!split.empty(), D % 128 == 0) << "D=" << D;
+      if (!split.empty()) expect_close(split, want, 1e-5, "split attention D=" + std::to_string(D));
       for (int s = 0; s < S; ++s) prev[s] += add[s];
     }
   }
@@ -161,14 +167,10 @@ TEST_F(CudaAttention, Bf16CacheMatchesCpu) {
       gpu->set_attention_workspace(nullptr, 0);
       gpu->attention(dkv, dpg, dseqs, dq, heads, scale, dout);
       expect_close(down(dout, want.size()), want, 1e-5, "bf16 attention D=" + std::to_string(D));
-      const size_t ws = gpu->attention_workspace_floats(T, heads, D, max_blocks * block_size);
-      ASSERT_GT(ws, 0u);
-      gpu->set_attention_workspace(poisoned(ws), ws);
-      float* dsplit = poisoned(want.size());
-      gpu->attention(dkv, dpg, dseqs, dq, heads, scale, dsplit);
-      expect_close(down(dsplit, want.size()), want, 1e-5,
-                   "bf16 split attention D=" + std::to_string(D));
-      gpu->set_attention_workspace(nullptr, 0);
+      const std::vector<float> split =
+          split_attention(dkv, st, dq, heads, scale, max_blocks * block_size, want.size());
+      ASSERT_FALSE(split.empty());
+      expect_close(split, want, 1e-5, "bf16 split attention D=" + std::to_string(D));
       for (int s = 0; s < S; ++s) prev[s] += add[s];
     }
     // The fused front appends the next token of each sequence.

@@ -19,6 +19,17 @@ struct HostWeight {
   std::vector<uint8_t> data, scales, biases;
 };
 
+// Points each weight at its own bytes (a copy of a HostWeight still points at the original's).
+void rebind(std::vector<HostWeight>& ws) {
+  for (HostWeight& hw : ws) {
+    hw.w.data = hw.data.data();
+    if (hw.w.quantized()) {
+      hw.w.scales = hw.scales.data();
+      hw.w.biases = hw.biases.data();
+    }
+  }
+}
+
 HostWeight float_weight(Rng& rng, DType t, int64_t rows, int64_t cols, int64_t experts) {
   HostWeight h;
   const int64_t count = (experts ? experts : 1) * rows * cols;
@@ -182,13 +193,7 @@ TEST_F(CudaLinear, MultiMatchesSeparateLinears) {
                   affine_weight(rng, 4, 64, DType::BF16, 9, 256, 0)});
   for (size_t si = 0; si < sets.size(); ++si) {
     auto& set = sets[si];
-    for (HostWeight& hw : set) {  // the copies into `sets` must point at their own bytes
-      hw.w.data = hw.data.data();
-      if (hw.w.quantized()) {
-        hw.w.scales = hw.scales.data();
-        hw.w.biases = hw.biases.data();
-      }
-    }
+    rebind(set);  // the copies into `sets` must point at their own bytes
     std::vector<Weight> dws;
     for (const HostWeight& hw : set) dws.push_back(gpu->upload_weight(hw.w));
     for (int64_t n : {1, 3, 16, 40}) {
@@ -232,13 +237,7 @@ TEST_F(CudaLinear, RmsnormLinearMultiMatchesCpu) {
   set.push_back(float_weight(rng, DType::BF16, 16, H, 0));
   set.push_back(affine_weight(rng, 4, 64, DType::BF16, 33, H, 0));
   set.push_back(affine_weight(rng, 4, 32, DType::BF16, 24, H, 0));
-  for (HostWeight& hw : set) {
-    hw.w.data = hw.data.data();
-    if (hw.w.quantized()) {
-      hw.w.scales = hw.scales.data();
-      hw.w.biases = hw.biases.data();
-    }
-  }
+  rebind(set);
   std::vector<Weight> dws;
   for (const HostWeight& hw : set) dws.push_back(gpu->upload_weight(hw.w));
   const std::vector<float> norm_w = rng.normals(static_cast<size_t>(H));
@@ -286,13 +285,7 @@ TEST_F(CudaLinear, RmsnormGatedLinearMatchesCpu) {
   ws.push_back(affine_weight(rng, 4, 64, DType::BF16, R, K, 0));
   ws.push_back(affine_weight(rng, 4, 128, DType::F16, R, K, 0));
   ws.push_back(float_weight(rng, DType::BF16, R, K, 0));
-  for (HostWeight& hw : ws) {
-    hw.w.data = hw.data.data();
-    if (hw.w.quantized()) {
-      hw.w.scales = hw.scales.data();
-      hw.w.biases = hw.biases.data();
-    }
-  }
+  rebind(ws);
   const std::vector<float> norm_w = rng.normals(static_cast<size_t>(D));
   for (size_t wi = 0; wi < ws.size(); ++wi) {
     const Weight dw = gpu->upload_weight(ws[wi].w);
@@ -322,13 +315,7 @@ TEST_F(CudaLinear, SiluMulLinearMatchesCpu) {
   ws.push_back(affine_weight(rng, 4, 64, DType::BF16, H, I, 0));
   ws.push_back(affine_weight(rng, 4, 32, DType::F16, H, I, 0));
   ws.push_back(float_weight(rng, DType::BF16, H, I, 0));
-  for (HostWeight& hw : ws) {
-    hw.w.data = hw.data.data();
-    if (hw.w.quantized()) {
-      hw.w.scales = hw.scales.data();
-      hw.w.biases = hw.biases.data();
-    }
-  }
+  rebind(ws);
   for (size_t wi = 0; wi < ws.size(); ++wi) {
     const Weight dw = gpu->upload_weight(ws[wi].w);
     for (int64_t n : {1, 2, 4, 5, 17}) {
