@@ -39,6 +39,12 @@ void print_report(const BenchReport& r) {
   }
   std::printf("\n  peak host memory %.2f GB, KV/state cache %.2f GB (KV in %s)\n",
               r.peak_host_bytes / 1e9, r.cache_bytes / 1e9, r.kv_dtype.c_str());
+  if (r.peak_backend_bytes >= 0) {
+    const bool device = r.device.rfind("cuda", 0) == 0;
+    std::printf("  peak %s memory %.2f GB (weights, caches and workspaces allocated by the %s)\n",
+                device ? "device" : "backend", r.peak_backend_bytes / 1e9,
+                device ? "CUDA backend" : "backend");
+  }
 }
 
 void write_report_json(const BenchReport& r, const std::string& path) {
@@ -49,6 +55,7 @@ void write_report_json(const BenchReport& r, const std::string& path) {
                       {"load_seconds", r.load_seconds},
                       {"weight_bytes_per_token", r.weight_bytes_per_token},
                       {"peak_host_bytes", r.peak_host_bytes},
+                      {"peak_backend_bytes", r.peak_backend_bytes},
                       {"cache_bytes", r.cache_bytes},
                       {"kv_dtype", r.kv_dtype}};
   for (const auto& p : r.prefill)

@@ -12,6 +12,9 @@ struct BenchReport {
   double read_gbps = 0, matmul_tflops = 0, load_seconds = 0;
   int64_t weight_bytes_per_token = 0;
   int64_t peak_host_bytes = 0, cache_bytes = 0;
+  // The most memory held through the backend at once (on CUDA: device memory for weights,
+  // caches and workspaces); -1 when the backend does not count it.
+  int64_t peak_backend_bytes = -1;
   std::string kv_dtype = "f32";  // the KV cache's element type
   struct Prefill {
     int tokens;

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -132,9 +133,11 @@ void bench_command(BenchOptions o) {
   rep.weight_bytes_per_token = model->weights().weight_bytes;
   const int64_t V = model->config().vocab_size;
 
+  constexpr int kBatchPrompt = 64;  // tokens of each prompt of the batch sweep
   int max_len = 0;
   for (int p : o.prompts) max_len = std::max(max_len, p);
   for (int c : o.contexts) max_len = std::max(max_len, c + o.decode_tokens);
+  if (!o.batches.empty()) max_len = std::max(max_len, kBatchPrompt + o.decode_tokens);
   int max_batch = 1;
   for (int b : o.batches) max_batch = std::max(max_batch, b);
   EngineOptions eo;
@@ -169,7 +172,7 @@ void bench_command(BenchOptions o) {
   }
   for (int b : o.batches) {
     std::vector<std::vector<int32_t>> prompts;
-    for (int i = 0; i < b; ++i) prompts.push_back(random_prompt(64, V, 3000 + i));
+    for (int i = 0; i < b; ++i) prompts.push_back(random_prompt(kBatchPrompt, V, 3000 + i));
     auto start = Clock::now();
     Timeline t = run_requests(engine, prompts, o.decode_tokens, start);
     // Steady state: from when the last request got its first token until the first finished.
@@ -190,6 +193,7 @@ void bench_command(BenchOptions o) {
   getrusage(RUSAGE_SELF, &ru);
   rep.peak_host_bytes = static_cast<int64_t>(ru.ru_maxrss) * 1024;
   rep.cache_bytes = engine.stats().cache_bytes_total;
+  rep.peak_backend_bytes = be.backend->peak_allocated_bytes();
   print_report(rep);
   const Model::RecordStats& rs = model->record_stats();
   std::printf("  decode steps recorded (CUDA graphs): %lld recordings in %.3f s, %lld replays\n",
@@ -215,13 +219,17 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--quant", opt->quant, "bf16 or q<bits>g<group> for --preset")
       ->capture_default_str();
   cmd->add_option("--prompt-lengths", opt->prompts, "Prefill lengths (default by device)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   cmd->add_option("--contexts", opt->contexts, "Decode contexts (default by device)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   cmd->add_option("--batches", opt->batches, "Concurrent sequences (default by device)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   cmd->add_option("--decode-tokens", opt->decode_tokens, "Tokens per decode run")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   cmd->add_option("--cache-mb", opt->cache_mb, "KV/state memory (default: what the runs need)");
   cmd->add_option("--json", opt->json_path, "JSON output file")->capture_default_str();
   cmd->add_option("--chart", opt->chart_path, "Chart output (SVG)")->capture_default_str();

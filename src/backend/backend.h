@@ -122,6 +122,9 @@ class Backend {
   virtual void* alloc(size_t bytes) = 0;  // throws tokenmill::Error when it does not fit
   // Device memory free now, in bytes; -1 when the backend allocates host memory.
   virtual int64_t free_memory_bytes() const { return -1; }
+  // The most bytes held through alloc() at once since the backend was created (weights it
+  // uploads, caches, workspaces); -1 when the backend does not count them.
+  virtual int64_t peak_allocated_bytes() const { return -1; }
   virtual void free(void* p) = 0;
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;
   virtual void download(void* dst, const void* src, size_t bytes) = 0;

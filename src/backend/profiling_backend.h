@@ -31,6 +31,7 @@ class ProfilingBackend final : public Backend {
 
   std::string name() const override { return in_.name(); }
   int64_t free_memory_bytes() const override { return in_.free_memory_bytes(); }
+  int64_t peak_allocated_bytes() const override { return in_.peak_allocated_bytes(); }
   void* alloc(size_t bytes) override { return in_.alloc(bytes); }
   void free(void* p) override { in_.free(p); }
   void upload(void* dst, const void* src, size_t bytes) override { in_.upload(dst, src, bytes); }

@@ -42,10 +42,12 @@ void* CpuBackend::alloc(size_t bytes) {
         "the batch limits",
         bytes);
   }
+  alloc_stats_.added(p, bytes);
   return p;
 }
 
 void CpuBackend::free(void* p) {
+  alloc_stats_.removed(p);
   memory_->free(p);
 }
 

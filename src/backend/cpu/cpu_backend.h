@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/alloc_stats.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu_memory.h"
 #include "util/thread_pool.h"
@@ -42,6 +43,7 @@ class CpuBackend final : public Backend {
 
   void* alloc(size_t bytes) override;
   void free(void* p) override;
+  int64_t peak_allocated_bytes() const override { return alloc_stats_.peak(); }
   void upload(void* dst, const void* src, size_t bytes) override;
   void download(void* dst, const void* src, size_t bytes) override;
   void fill_zero(void* dst, size_t bytes) override;
@@ -112,6 +114,7 @@ class CpuBackend final : public Backend {
   ThreadPool& pool_;
   CpuBackendOptions options_;
   std::unique_ptr<cpu::HostMemory> memory_;  // what alloc() hands out (cpu_memory.h)
+  AllocStats alloc_stats_;
   int gdn_chunk_threshold_ = 64;
   std::vector<cpu::AlignedVector<float>> thread_scratch_;  // 64-byte aligned (cpu_memory.h)
   cpu::AlignedVector<float> shared_;

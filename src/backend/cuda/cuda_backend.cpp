@@ -82,6 +82,7 @@ void* CudaBackend::alloc(size_t bytes) {
         "reduce the cache size or the batch limits",
         bytes, cudaGetErrorString(err), free_b, total_b);
   }
+  alloc_stats_.added(p, bytes);
   return p;
 }
 
@@ -92,6 +93,7 @@ int64_t CudaBackend::free_memory_bytes() const {
 }
 
 void CudaBackend::free(void* p) {
+  alloc_stats_.removed(p);
   if (p) TM_CUDA(cudaFree(p));
 }
 

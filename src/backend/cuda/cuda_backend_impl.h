@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/alloc_stats.h"
 #include "backend/backend.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
@@ -52,6 +53,7 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kGemvMaxRows = 16;
 
   int64_t free_memory_bytes() const override;
+  int64_t peak_allocated_bytes() const override { return alloc_stats_.peak(); }
   void* alloc(size_t bytes) override;
   void free(void* p) override;
   void upload(void* dst, const void* src, size_t bytes) override;
@@ -161,6 +163,7 @@ class CudaBackend final : public Backend {
   std::string device_name_;
   CUstream_st* stream_ = nullptr;
   std::vector<void*> owned_;   // device allocations freed in the destructor
+  AllocStats alloc_stats_;     // what alloc() holds (peak_allocated_bytes)
   std::vector<void*> graphs_;  // cudaGraphExec_t of recorded sequences, by id
   float* attn_ws_ = nullptr;   // split-context attention partials (set_attention_workspace)
   size_t attn_ws_floats_ = 0;

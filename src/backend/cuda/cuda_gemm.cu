@@ -140,7 +140,7 @@ void CudaBackend::gemm(const float* x, int64_t n, const cuda::DevMat& m, float* 
     TM_CUDA_REQUIRE(cap == cudaStreamCaptureStatusNone,
                     "prefill GEMM workspace cannot grow while a decode step is recorded");
     TM_CUDA(cudaStreamSynchronize(stream_));
-    if (gemm_x_) TM_CUDA(cudaFree(gemm_x_));
+    free(gemm_x_);
     gemm_x_ = nullptr;
     gemm_x_bytes_ = 0;
     gemm_x_ = alloc(need);

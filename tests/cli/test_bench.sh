@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `tokenmill bench` on the bundled demo model (CPU): the printed table has every requested
+# prefill length, decode context and batch size; the JSON report carries the measured device
+# figures, the per-test rates and the peak memory; the chart is a complete SVG document;
+# a missing model directory and a zero batch size fail with messages naming them. (Contexts
+# shorter than the batch sweep's 64-token prompts once made the batch sweep overflow the
+# context window.)
+set -euo pipefail
+BIN="$1"
+ROOT="${TM_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+PY=/usr/bin/python3
+
+"$BIN" bench "$ROOT/models/demo" --device cpu --threads 2 --prompt-lengths 32,64 \
+  --contexts 32,128 --batches 1,2 --decode-tokens 4 --json "$TMP/b.json" --chart "$TMP/b.svg" \
+  > "$TMP/out.txt" 2> "$TMP/err.txt"
+for line in "prefill 32 " "prefill 64 " "decode @ context 32 " "decode @ context 128 " \
+  "batch 1 " "batch 2 " "peak host memory" "peak backend memory" "measured read bandwidth"; do
+  grep -q "$line" "$TMP/out.txt" || { echo "bench output lacks '$line'"; cat "$TMP/out.txt"; exit 1; }
+done
+"$PY" - "$TMP/b.json" "$TMP/b.svg" <<'PYEOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["read_gbps"] > 0 and r["bf16_matmul_tflops"] > 0, r
+assert r["weight_bytes_per_token"] > 0, r
+assert [p["tokens"] for p in r["prefill"]] == [32, 64], r["prefill"]
+assert all(p["tok_s"] > 0 and p["ttft_s"] > 0 for p in r["prefill"]), r["prefill"]
+assert [d["context"] for d in r["decode"]] == [32, 128], r["decode"]
+assert all(d["tok_s"] > 0 and d["gbps"] > 0 for d in r["decode"]), r["decode"]
+assert [b["seqs"] for b in r["batch"]] == [1, 2], r["batch"]
+b2 = r["batch"][1]
+assert abs(b2["per_seq_tok_s"] * 2 - b2["aggregate_tok_s"]) < 1e-6 * b2["aggregate_tok_s"], b2
+# The backend held at least the KV/state cache it reports.
+assert r["peak_backend_bytes"] >= r["cache_bytes"] > 0, r
+svg = open(sys.argv[2]).read()
+assert svg.startswith("<svg") or "<svg" in svg[:200], svg[:200]
+assert svg.rstrip().endswith("</svg>"), svg[-200:]
+PYEOF
+
+if "$BIN" bench "$TMP/no-such-model" --device cpu > "$TMP/o2.txt" 2>&1; then
+  echo "bench on a missing directory succeeded"; exit 1
+fi
+grep -q "no-such-model" "$TMP/o2.txt" || { echo "error does not name the directory:"; cat "$TMP/o2.txt"; exit 1; }
+if "$BIN" bench "$ROOT/models/demo" --device cpu --batches 0 > "$TMP/o3.txt" 2>&1; then
+  echo "bench with --batches 0 succeeded"; exit 1
+fi
+grep -qi "batch" "$TMP/o3.txt" || { echo "error does not name the batch option:"; cat "$TMP/o3.txt"; exit 1; }
+echo "bench: ok"
