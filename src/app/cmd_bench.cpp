@@ -195,10 +195,12 @@ void bench_command(BenchOptions o) {
   rep.cache_bytes = engine.stats().cache_bytes_total;
   rep.peak_backend_bytes = be.backend->peak_allocated_bytes();
   print_report(rep);
-  const Model::RecordStats& rs = model->record_stats();
-  std::printf("  decode steps recorded (CUDA graphs): %lld recordings in %.3f s, %lld replays\n",
-              static_cast<long long>(rs.recordings), rs.seconds,
-              static_cast<long long>(rs.replays));
+  if (backend.can_record()) {  // backends that replay recorded steps (CUDA graphs)
+    const Model::RecordStats& rs = model->record_stats();
+    std::printf("  decode steps recorded (CUDA graphs): %lld recordings in %.3f s, %lld replays\n",
+                static_cast<long long>(rs.recordings), rs.seconds,
+                static_cast<long long>(rs.replays));
+  }
   if (prof) std::printf("\nper-op device time (--profile-ops)\n%s", prof->report().c_str());
   write_report_json(rep, o.json_path);
   write_report_chart(rep, o.chart_path);
