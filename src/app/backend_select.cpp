@@ -15,7 +15,9 @@ void add_device_options(CLI::App& cmd, DeviceOptions& opt) {
   cmd.add_option("--device", opt.device, "cpu, cuda or auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
-  cmd.add_option("--threads", opt.threads, "CPU threads (0 = all)")->capture_default_str();
+  cmd.add_option("--threads", opt.threads, "CPU threads (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 16));
 }
 
 void add_kv_dtype_option(CLI::App& cmd, std::string& kv_dtype) {

@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -96,6 +97,25 @@ EngineStats Engine::stats() const {
   return impl_->stats;
 }
 
+namespace {
+// The ranges the sampler is defined on; the HTTP APIs and settings check theirs before this, so
+// this catches the other callers (CLI flags, embedders) with the same words.
+void check_sampling(const SamplingParams& sp) {
+  if (!std::isfinite(sp.temperature) || sp.temperature < 0.0f)
+    fail("temperature must be a finite number >= 0 (0 = greedy), got {}", sp.temperature);
+  if (!(sp.top_p > 0.0f && sp.top_p <= 1.0f))
+    fail("top_p must be in (0, 1] (1 = off), got {}", sp.top_p);
+  if (sp.top_k < 0) fail("top_k must be >= 0 (0 = off), got {}", sp.top_k);
+  if (!(sp.min_p >= 0.0f && sp.min_p <= 1.0f))
+    fail("min_p must be in [0, 1] (0 = off), got {}", sp.min_p);
+  if (!std::isfinite(sp.repetition_penalty) || sp.repetition_penalty <= 0.0f)
+    fail("repetition_penalty must be a finite number > 0 (1 = off), got {}", sp.repetition_penalty);
+  if (!std::isfinite(sp.presence_penalty) || !std::isfinite(sp.frequency_penalty))
+    fail("presence_penalty and frequency_penalty must be finite, got {} and {}",
+         sp.presence_penalty, sp.frequency_penalty);
+}
+}  // namespace
+
 std::shared_ptr<RequestStream> Engine::submit(GenerationRequest req) {
   Impl& I = *impl_;
   const int64_t vocab = I.model.config().vocab_size;
@@ -105,6 +125,7 @@ std::shared_ptr<RequestStream> Engine::submit(GenerationRequest req) {
       fail("prompt token id {} is outside the vocabulary (0..{})", t, vocab - 1);
   }
   if (req.max_tokens < 0) fail("max_tokens must be >= 0, got {}", req.max_tokens);
+  check_sampling(req.sampling);
   const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
   if (total > I.max_context) {
     fail(

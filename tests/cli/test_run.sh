@@ -39,4 +39,15 @@ if "$BIN" run "$DEMO" -p hi -n 0 --threads 2 > /dev/null 2> "$TMP/bad.err"; then
   echo "accepted --max-tokens 0"; exit 1
 fi
 expect "max-tokens must be at least 1" "$TMP/bad.err"
+# Sampling flags outside their ranges fail with the parameter's name (they used to run).
+for bad in "--temperature -1:temperature must be" "--top-p 2:top_p must be" "--top-k -2:top_k must be"; do
+  if "$BIN" generate "$DEMO" -p hi -n 2 --threads 2 ${bad%%:*} > /dev/null 2> "$TMP/bad.err"; then
+    echo "generate accepted ${bad%%:*}"; exit 1
+  fi
+  expect "${bad#*:}" "$TMP/bad.err"
+done
+if "$BIN" generate "$DEMO" -p hi -n 2 --threads -3 > /dev/null 2> "$TMP/bad.err"; then
+  echo "generate accepted --threads -3"; exit 1
+fi
+expect "threads" "$TMP/bad.err"
 echo "run: ok"

@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <random>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "engine/engine.h"
 #include "engine/sampler.h"
@@ -154,6 +158,26 @@ TEST_F(EngineTest, RejectsRequestsThatCanNeverRun) {
   Engine e(*h.model, o);
   EXPECT_THROW(e.submit(greedy({}, 5)), Error);
   EXPECT_THROW(e.submit(greedy({h.vocab() + 5}, 5)), Error);
+  // Sampling parameters outside the sampler's ranges, each named in its error.
+  const std::vector<std::pair<std::string, std::function<void(SamplingParams&)>>> bad = {
+      {"temperature", [](SamplingParams& s) { s.temperature = -1.0f; }},
+      {"temperature", [](SamplingParams& s) { s.temperature = NAN; }},
+      {"top_p", [](SamplingParams& s) { s.top_p = 0.0f; }},
+      {"top_p", [](SamplingParams& s) { s.top_p = 2.0f; }},
+      {"top_k", [](SamplingParams& s) { s.top_k = -2; }},
+      {"min_p", [](SamplingParams& s) { s.min_p = 1.5f; }},
+      {"repetition_penalty", [](SamplingParams& s) { s.repetition_penalty = 0.0f; }},
+      {"presence_penalty", [](SamplingParams& s) { s.presence_penalty = INFINITY; }}};
+  for (const auto& [name, set] : bad) {
+    GenerationRequest r = greedy({1, 2, 3}, 2);
+    set(r.sampling);
+    try {
+      e.submit(r);
+      FAIL() << "expected an error for " << name;
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find(name), std::string::npos) << err.what();
+    }
+  }
   try {
     e.submit(greedy(random_ids(90, h.vocab(), 1), 20));
     FAIL() << "expected an error";
