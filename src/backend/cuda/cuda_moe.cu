@@ -9,8 +9,8 @@
 // The other batches take the simple device-side form: routing ids stay on the device (no host
 // sync). For each (token, slot) pair s = t*k + j, gate and up GEMVs of expert ids[s] on x[t],
 // silu(gate)*up, the down GEMV, then out[t] = sum_j weights[t, j] * down[s] in slot order.
-// Each slot reads its expert's weights once (a sorted grouped GEMM is the faster form for
-// prefill). 4-bit experts take the tensor-core GEMV (gate and up in one launch) while the
+// Each slot reads its expert's weights once (which the grouped form above avoids for many
+// tokens). 4-bit experts take the tensor-core GEMV (gate and up in one launch) while the
 // prepared activations fit its workspace; there a shared expert of the routed experts' shape
 // and format is one more slot per token (no launches of its own), silu(gate)*up is computed
 // while the down projection's input is prepared, and the combine adds the gated shared output.
