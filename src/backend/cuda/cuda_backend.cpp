@@ -19,11 +19,12 @@ int cuda_device_count() {
   return n;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
-  return std::make_unique<CudaBackend>(device);
+std::unique_ptr<Backend> make_cuda_backend(int device, PrefillGemm prefill_gemm) {
+  return std::make_unique<CudaBackend>(device, prefill_gemm);
 }
 
-CudaBackend::CudaBackend(int device) : device_(device) {
+CudaBackend::CudaBackend(int device, PrefillGemm prefill_gemm)
+    : device_(device), prefill_gemm_(prefill_gemm) {
   const int count = cuda_device_count();
   if (device < 0 || device >= count) {
     fail(
@@ -95,6 +96,22 @@ int64_t CudaBackend::free_memory_bytes() const {
 void CudaBackend::free(void* p) {
   alloc_stats_.removed(p);
   if (p) TM_CUDA(cudaFree(p));
+}
+
+void* CudaBackend::grow_workspace(void** p, size_t* bytes, size_t need, const char* what) {
+  if (need <= *bytes) return *p;
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  TM_CUDA(cudaStreamIsCapturing(stream_, &cap));
+  if (cap != cudaStreamCaptureStatusNone) {
+    fail("{} workspace cannot grow to {} bytes while a decode step is recorded", what, need);
+  }
+  TM_CUDA(cudaStreamSynchronize(stream_));  // work queued on the old buffer is done
+  free(*p);
+  *p = nullptr;
+  *bytes = 0;
+  *p = alloc(need);
+  *bytes = need;
+  return *p;
 }
 
 void CudaBackend::upload(void* dst, const void* src, size_t bytes) {

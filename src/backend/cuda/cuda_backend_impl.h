@@ -3,7 +3,7 @@
 // Op implementations are split by topic: cuda_backend.cpp (memory, weights), cuda_fill.cu
 // (random fill, read probe), cuda_linear.cu (generic GEMV, GEMM, embed), cuda_gemv.cu (fast
 // decode GEMV), cuda_attention.cu (decode), cuda_attention_prefill.cu, cuda_gdn.cu,
-// cuda_elementwise.cu, cuda_moe.cu.
+// cuda_gdn_chunked.cu (prefill), cuda_elementwise.cu, cuda_moe.cu.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 
 #include "backend/alloc_stats.h"
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
 
@@ -38,11 +39,21 @@ struct GemvWorkspace {
 bool launch_attention_prefill(CUstream_st* st, const KVLayerView& kv, const KVPaging& pg,
                               const SeqLayout& seqs, const float* q, int heads, float scale,
                               float* out);
+
+// The gated delta rule in chunks of 64 tokens (cuda_gdn_chunked.cu). Workspace it needs (floats)
+// for k_dim 4..128 (a multiple of 4) and v_dim 1..128; 0 for shapes it does not take.
+size_t delta_rule_chunked_ws_floats(const GDNStateView& state, const SeqLayout& seqs);
+// Launches it; false, launching nothing, for a shape it does not take, a workspace shorter than
+// delta_rule_chunked_ws_floats, or q, k or ws not 16-byte aligned.
+bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const SeqLayout& seqs,
+                               const int32_t* slots, const float* q, const float* k, const float* v,
+                               const float* g, const float* beta, float* out, float* ws,
+                               size_t ws_floats);
 }  // namespace cuda
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device);
+  CudaBackend(int device, PrefillGemm prefill_gemm);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -158,8 +169,12 @@ class CudaBackend final : public Backend {
                    float* scratch, int64_t scratch_floats);
   void init_gemm();
   void destroy_gemm();
+  // A device buffer that grows to the largest size asked of it (`*p`, `*bytes` its current
+  // allocation); growing waits for the stream and is refused while a step is being recorded.
+  void* grow_workspace(void** p, size_t* bytes, size_t need, const char* what);
 
   int device_ = 0;
+  PrefillGemm prefill_gemm_ = PrefillGemm::kExact;
   std::string device_name_;
   CUstream_st* stream_ = nullptr;
   std::vector<void*> owned_;   // device allocations freed in the destructor
@@ -181,6 +196,9 @@ class CudaBackend final : public Backend {
   static constexpr size_t kGemmSlabBytes = size_t{64} << 20;
   static constexpr size_t kGemmInitialXBytes = size_t{64} << 20;
   static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+  // The chunked delta rule's W, U, P and G for a prefill call (grown like gemm_x_).
+  void* gdn_ws_ = nullptr;
+  size_t gdn_ws_bytes_ = 0;
 };
 
 }  // namespace tokenmill

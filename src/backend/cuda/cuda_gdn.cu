@@ -70,6 +70,80 @@ __global__ void conv1d_silu_kernel(GDNStateView st, SeqLayout seqs, const int32_
   }
 }
 
+// The kernel-4 conv for prefill: thread (channel, tile of kConvRows rows of the call) instead of
+// one thread walking a whole sequence (80 blocks walking 8,192 rows one load at a time took 4 ms
+// per 27B layer). A row's three previous inputs come from the rows above it in its sequence or,
+// before the sequence's first row, from its conv state, which conv_state_update_kernel (run
+// after, in stream order) then advances. Same operation order as conv1d_silu_kernel.
+constexpr int kConvRows = 32;
+
+__global__ void conv4_silu_rows_kernel(GDNStateView st, SeqLayout seqs, const int32_t* slots,
+                                       const float* __restrict__ x,
+                                       const float* __restrict__ weight, float* __restrict__ out) {
+  pdl_begin();
+  const int64_t C = st.channels;
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kConvRows;
+  const int64_t T = seqs.n_tokens;
+  if (c >= C || r0 >= T) return;
+  // The sequence holding row r0: the last s with cu_seqlens[s] <= r0.
+  int lo = 0, hi = seqs.n_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (seqs.cu_seqlens[mid] <= r0) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  int s = lo;
+  const float w0 = weight[c * 4], w1 = weight[c * 4 + 1], w2 = weight[c * 4 + 2],
+              w3 = weight[c * 4 + 3];
+  // The inputs at rows p - 3, p - 2, p - 1 before row p of sequence s.
+  const auto input = [&](int seq, int64_t p) {
+    const int64_t t0 = seqs.cu_seqlens[seq];
+    return p >= t0 ? x[p * C + c]
+                   : st.conv[(static_cast<int64_t>(slots[seq]) * C + c) * 3 + 3 - (t0 - p)];
+  };
+  float h0 = input(s, r0 - 3), h1 = input(s, r0 - 2), h2 = input(s, r0 - 1);
+  int64_t next = seqs.cu_seqlens[s + 1];
+  const int64_t r1 = r0 + kConvRows < T ? r0 + kConvRows : T;
+  for (int64_t t = r0; t < r1; ++t) {
+    if (t == next) {  // a new sequence starts at row t
+      while (seqs.cu_seqlens[s + 1] <= t) ++s;
+      next = seqs.cu_seqlens[s + 1];
+      h0 = input(s, t - 3), h1 = input(s, t - 2), h2 = input(s, t - 1);
+    }
+    const float xt = x[t * C + c];
+    float acc = 0.0f;
+    acc += w0 * h0;
+    acc += w1 * h1;
+    acc += w2 * h2;
+    acc += w3 * xt;
+    out[t * C + c] = silu_f(acc);
+    h0 = h1, h1 = h2, h2 = xt;
+  }
+}
+
+// After conv4_silu_rows_kernel: each (sequence, channel) state becomes the last three inputs of
+// [state, its rows].
+__global__ void conv_state_update_kernel(GDNStateView st, SeqLayout seqs, const int32_t* slots,
+                                         const float* __restrict__ x) {
+  pdl_begin();
+  const int64_t C = st.channels;
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int s = blockIdx.y;
+  if (c >= C) return;
+  const int64_t t0 = seqs.cu_seqlens[s], L = seqs.cu_seqlens[s + 1] - t0;
+  if (L <= 0) return;
+  float* sc = st.conv + (static_cast<int64_t>(slots[s]) * C + c) * 3;
+  float h[3];
+#pragma unroll
+  for (int j = 0; j < 3; ++j) h[j] = L + j < 3 ? sc[L + j] : x[(t0 + L + j - 3) * C + c];
+#pragma unroll
+  for (int j = 0; j < 3; ++j) sc[j] = h[j];
+}
+
 // The GDN front for decode and verify steps (few tokens per sequence), fused: block (s, kh)
 // takes the channels of key head kh (its q and k) and of the value heads kh*r .. kh*r+r-1
 // (r = v_heads / k_heads), which no other block touches, so the conv state needs no ordering
@@ -378,7 +452,15 @@ void CudaBackend::conv1d_silu(const GDNStateView& st, const SeqLayout& seqs, con
   TM_CUDA_REQUIRE(seqs.n_seqs <= 65535, "conv1d_silu: too many sequences");
   if (seqs.n_seqs <= 0 || st.channels <= 0) return;
   const dim3 grid(cuda::blocks_for(st.channels, 128), static_cast<unsigned>(seqs.n_seqs));
-  if (st.kernel == 4) {
+  const int64_t tiles = (int64_t{seqs.n_tokens} + cuda::kConvRows - 1) / cuda::kConvRows;
+  if (st.kernel == 4 && seqs.max_seq_tokens > cuda::kConvRows && tiles <= 65535) {
+    // Prefill: rows in parallel, then the states.
+    const dim3 rgrid(cuda::blocks_for(st.channels, 128), static_cast<unsigned>(tiles));
+    cuda::launch_pdl(cuda::conv4_silu_rows_kernel, rgrid, 128, 0, stream_, st, seqs, slots, x,
+                     weight, out);
+    TM_CUDA_LAUNCHED();
+    cuda::launch_pdl(cuda::conv_state_update_kernel, grid, 128, 0, stream_, st, seqs, slots, x);
+  } else if (st.kernel == 4) {
     cuda::launch_pdl(cuda::conv1d_silu_kernel<3>, grid, 128, 0, stream_, st, seqs, slots, x, weight,
                      out);
   } else {
@@ -398,6 +480,19 @@ void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs
                   "gated_delta_rule: v_dim must be in 1..1024 and k_dim in 1..4096");
   TM_CUDA_REQUIRE(st.v_heads <= 65535, "gated_delta_rule: too many value heads");
   if (seqs.n_seqs <= 0) return;
+  // Prefill chunks (a sequence of 64 rows or more, no per-token states wanted): the chunked
+  // form (cuda_gdn_chunked.cu), as the CPU backend switches at 64 rows.
+  if (step_states == nullptr && seqs.max_seq_tokens >= 64) {
+    const size_t floats = cuda::delta_rule_chunked_ws_floats(st, seqs);
+    if (floats > 0) {
+      auto* ws = static_cast<float*>(
+          grow_workspace(&gdn_ws_, &gdn_ws_bytes_, floats * sizeof(float), "chunked delta rule"));
+      if (cuda::launch_delta_rule_chunked(stream_, st, seqs, slots, q, k, v, g, beta, out, ws,
+                                          floats)) {
+        return;
+      }
+    }
+  }
   cuda::DeltaArgs a{st, seqs, slots, q, k, v, g, beta, out, step_states};
   const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(st.v_heads));
   const int threads = (st.v_dim + 31) / 32 * 32;

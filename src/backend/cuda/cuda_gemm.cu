@@ -9,7 +9,8 @@
 // are exact in F16). The product is hi*hi + hi*lo (+ lo*hi): two or three GEMMs accumulating in
 // F32, about 22 significant bits per operand, so prefill agrees with decode and with the CPU to
 // F32 rounding. (One F16 GEMM was measured 5-15x the golden tolerance off on quantized models
-// whose logits are large: 2^-12 relative error per weight is not small there.)
+// whose logits are large: 2^-12 relative error per weight is not small there.) PrefillGemm::kFast
+// (--prefill-gemm fast) is that one pass, for those who trade the agreement for speed.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -96,7 +97,7 @@ __global__ void split_f16_kernel(const float* __restrict__ x, int64_t n,
   const float s = x[i] * f;
   const __half h = __float2half_rn(s);
   hi[i] = h;
-  lo[i] = __float2half_rn(s - __half2float(h));
+  if (lo) lo[i] = __float2half_rn(s - __half2float(h));
 }
 
 }  // namespace
@@ -129,25 +130,18 @@ void CudaBackend::destroy_gemm() {
   cublas_ = nullptr;
   if (gemm_x_) cudaFree(gemm_x_);
   gemm_x_ = nullptr;
+  if (gdn_ws_) cudaFree(gdn_ws_);
+  gdn_ws_ = nullptr;
 }
 
 void CudaBackend::gemm(const float* x, int64_t n, const cuda::DevMat& m, float* out) {
   const int64_t K = m.cols, elems = n * K;
-  const size_t need = static_cast<size_t>(elems) * 2 * sizeof(__half);
-  if (need > gemm_x_bytes_) {
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    TM_CUDA(cudaStreamIsCapturing(stream_, &cap));
-    TM_CUDA_REQUIRE(cap == cudaStreamCaptureStatusNone,
-                    "prefill GEMM workspace cannot grow while a decode step is recorded");
-    TM_CUDA(cudaStreamSynchronize(stream_));
-    free(gemm_x_);
-    gemm_x_ = nullptr;
-    gemm_x_bytes_ = 0;
-    gemm_x_ = alloc(need);
-    gemm_x_bytes_ = need;
-  }
+  grow_workspace(&gemm_x_, &gemm_x_bytes_, static_cast<size_t>(elems) * 2 * sizeof(__half),
+                 "prefill GEMM");
+  // kFast: the hi parts only (one pass, F16 rounding of both operands).
+  const bool fast = prefill_gemm_ == PrefillGemm::kFast;
   auto* hi = static_cast<__half*>(gemm_x_);
-  __half* lo = hi + elems;
+  __half* lo = fast ? nullptr : hi + elems;
   auto* max_bits = reinterpret_cast<unsigned*>(gemm_consts_ + 3);
   TM_CUDA(cudaMemsetAsync(max_bits, 0, sizeof(unsigned), stream_));
   const int threads = 256;
@@ -165,7 +159,7 @@ void CudaBackend::gemm(const float* x, int64_t n, const cuda::DevMat& m, float* 
   const int64_t slab = static_cast<int64_t>(kGemmSlabBytes / 2 / sizeof(__half)) / K / 16 * 16;
   TM_CUDA_REQUIRE(slab >= 16, "linear: rows too wide for the GEMM workspace");
   auto* w_hi = static_cast<__half*>(gemm_w_);
-  __half* w_lo = exact_in_f16 ? nullptr : w_hi + kGemmSlabBytes / 2 / sizeof(__half);
+  __half* w_lo = exact_in_f16 || fast ? nullptr : w_hi + kGemmSlabBytes / 2 / sizeof(__half);
   const int ik = static_cast<int>(K), in = static_cast<int>(n), ld_out = static_cast<int>(m.rows);
   for (int64_t r0 = 0; r0 < m.rows; r0 += slab) {
     const int64_t rows = std::min(slab, m.rows - r0);
@@ -177,7 +171,8 @@ void CudaBackend::gemm(const float* x, int64_t n, const cuda::DevMat& m, float* 
     // W_hi x_hi (beta 0) + W_hi x_lo + W_lo x_hi (beta 1).
     const __half* ws[3] = {w_hi, w_hi, w_lo};
     const __half* xs[3] = {hi, lo, hi};
-    for (int part = 0; part < (w_lo ? 3 : 2); ++part) {
+    const int parts = fast ? 1 : w_lo ? 3 : 2;
+    for (int part = 0; part < parts; ++part) {
       TM_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), in, ik,
                              gemm_consts_, ws[part], CUDA_R_16F, ik, xs[part], CUDA_R_16F, ik,
                              gemm_consts_ + (part == 0 ? 1 : 2), out + r0, CUDA_R_32F, ld_out,

@@ -321,14 +321,21 @@ TEST_F(CudaGdn, ConvContinuesState) {
     st.kernel = K;
     std::vector<float> conv = rng.normals(static_cast<size_t>(slots_n) * C * (K - 1));
     std::vector<float> w = rng.normals(static_cast<size_t>(C) * K);
-    const std::vector<int32_t> slots = {2, 0};
+    const std::vector<int32_t> slots = {2, 0, 1};
     float* dconv = up(conv);
-    for (const std::vector<int>& lens : {std::vector<int>{1, 9}, std::vector<int>{3, 1}}) {
-      std::vector<int32_t> cu = {0, lens[0], lens[0] + lens[1]},
-                           positions(static_cast<size_t>(cu[2]), 0);
-      const int T = cu[2];
+    // Short sequences (one thread walks each); sequences longer than a 32-row tile (rows in
+    // parallel): sequences starting inside a tile, an empty one, one shorter than the history.
+    for (const std::vector<int>& lens :
+         {std::vector<int>{1, 9}, std::vector<int>{3, 1}, std::vector<int>{40, 2},
+          std::vector<int>{2, 0, 100}, std::vector<int>{33, 64, 1}}) {
+      const int n = static_cast<int>(lens.size());
+      std::vector<int32_t> cu(1, 0);
+      for (int l : lens) cu.push_back(cu.back() + l);
+      const int T = cu.back();
+      std::vector<int32_t> positions(static_cast<size_t>(T), 0);
       std::vector<float> x = rng.normals(static_cast<size_t>(T) * C);
-      SeqLayout seqs{2, T, cu.data(), positions.data(), 9};
+      SeqLayout seqs{n, T, cu.data(), positions.data(),
+                     *std::max_element(lens.begin(), lens.end())};
       st.conv = conv.data();
       std::vector<float> want(x.size());
       cpu->conv1d_silu(st, seqs, slots.data(), x.data(), w.data(), want.data());
@@ -406,6 +413,63 @@ TEST_F(CudaGdn, DeltaRuleContinuesStateWithStepStates) {
       expect_close(down(dout, v.size()), want, 1e-4, "delta rule out" + d);
       expect_close(down(dssm, ssm.size()), ssm, 1e-4, "delta rule state" + d);
       if (steps) expect_close(down(dsteps, step_want.size()), step_want, 1e-4, "step states" + d);
+      ++call;
+    }
+  }
+}
+
+// Prefill-length sequences: the chunked delta rule on both sides (the CPU's for sequences of 64
+// rows and more; CUDA's for the whole call), with partial chunks, a one-token sequence in the
+// same call, a partial column block (Dv 48) and two calls continuing the state.
+TEST_F(CudaGdn, DeltaRuleChunkedMatchesCpu) {
+  Rng rng(28);
+  struct Dims {
+    int Dk, Dv;
+  };
+  for (Dims dm : {Dims{16, 32}, Dims{128, 128}, Dims{128, 48}}) {
+    const int Hk = 2, Hv = 4, slots_n = 4;
+    GDNStateView st{};
+    st.k_heads = Hk;
+    st.v_heads = Hv;
+    st.k_dim = dm.Dk;
+    st.v_dim = dm.Dv;
+    const int64_t ssz = int64_t{dm.Dk} * dm.Dv;
+    std::vector<float> ssm = rng.normals(static_cast<size_t>(slots_n * Hv * ssz), 0.1f);
+    const std::vector<int32_t> slots = {2, 0, 3, 1};
+    float* dssm = up(ssm);
+    int call = 0;
+    for (const std::vector<int>& lens :
+         {std::vector<int>{130, 64, 1, 200}, std::vector<int>{65, 3, 128, 70}}) {
+      std::vector<int32_t> cu = {0};
+      for (int l : lens) cu.push_back(cu.back() + l);
+      const int T = cu.back();
+      std::vector<int32_t> positions(static_cast<size_t>(T), 0);
+      std::vector<float> q = rng.normals(static_cast<size_t>(T) * Hk * dm.Dk);
+      std::vector<float> k = rng.normals(q.size());
+      normalize_heads(q, dm.Dk);
+      normalize_heads(k, dm.Dk);
+      std::vector<float> v = rng.normals(static_cast<size_t>(T) * Hv * dm.Dv);
+      std::vector<float> g(static_cast<size_t>(T) * Hv), beta(g.size());
+      for (auto& x : g) x = -rng.uniform(0.01f, 0.5f);
+      for (auto& x : beta) x = rng.uniform(0.0f, 1.0f);
+      SeqLayout seqs{4, T, cu.data(), positions.data(),
+                     *std::max_element(lens.begin(), lens.end())};
+      st.ssm = ssm.data();
+      std::vector<float> want(v.size());
+      cpu->gated_delta_rule(st, seqs, slots.data(), q.data(), k.data(), v.data(), g.data(),
+                            beta.data(), want.data(), nullptr);
+      GDNStateView dst = st;
+      dst.ssm = dssm;
+      SeqLayout dseqs = seqs;
+      dseqs.cu_seqlens = up(cu);
+      dseqs.positions = up(positions);
+      float* dout = poisoned(v.size());
+      gpu->gated_delta_rule(dst, dseqs, up(slots), up(q), up(k), up(v), up(g), up(beta), dout,
+                            nullptr);
+      const std::string d = " Dk=" + std::to_string(dm.Dk) + " Dv=" + std::to_string(dm.Dv) +
+                            " call " + std::to_string(call);
+      expect_close(down(dout, v.size()), want, 1e-4, "chunked delta rule out" + d);
+      expect_close(down(dssm, ssm.size()), ssm, 1e-4, "chunked delta rule state" + d);
       ++call;
     }
   }

@@ -368,6 +368,44 @@ TEST_F(CudaLinear, Q4DecodeKeepsF32AccuracyOverWideRanges) {
   }
 }
 
+// PrefillGemm::kFast: one F16 pass. Its error is F16's (2^-11 relative per operand, summed over
+// K terms: about 1e-3 of the output's rms) where the exact mode's is F32's (1e-6), so both bounds
+// show the fast pass is the one taken; decode (n <= 16) stays exact.
+TEST_F(CudaLinear, FastPrefillGemmIsOneF16Pass) {
+  std::unique_ptr<Backend> fast = make_cuda_backend(0, PrefillGemm::kFast);
+  Rng rng(12);
+  for (bool quantized : {true, false}) {
+    HostWeight hw = quantized ? affine_weight(rng, 4, 64, DType::BF16, 300, 1024, 0)
+                              : float_weight(rng, DType::F32, 300, 1024, 0);
+    const Weight dw = fast->upload_weight(hw.w);
+    for (int64_t n : {4, 100}) {
+      std::vector<float> x = rng.normals(static_cast<size_t>(n * hw.w.cols));
+      std::vector<float> want(static_cast<size_t>(n * hw.w.rows)), got(want.size());
+      cpu->linear(x.data(), n, hw.w, want.data());
+      auto* dx = static_cast<float*>(fast->alloc(x.size() * sizeof(float)));
+      auto* dout = static_cast<float*>(fast->alloc(want.size() * sizeof(float)));
+      fast->upload(dx, x.data(), x.size() * sizeof(float));
+      fast->linear(dx, n, dw, dout);
+      fast->download(got.data(), dout, got.size() * sizeof(float));
+      fast->free(dx);
+      fast->free(dout);
+      double ss = 0, worst = 0;
+      for (float w : want) ss += double{w} * w;
+      const double rms = std::sqrt(ss / static_cast<double>(want.size()));
+      for (size_t i = 0; i < want.size(); ++i) {
+        worst = std::max(worst, std::fabs(double{got[i]} - want[i]) / rms);
+      }
+      const std::string what = std::string(quantized ? "q4g64" : "f32") + " n=" + std::to_string(n);
+      if (n <= 16) {
+        EXPECT_LT(worst, kTol) << what << ": decode rows keep the exact kernels";
+      } else {
+        EXPECT_LT(worst, 1e-2) << what << ": beyond F16 rounding";
+        EXPECT_GT(worst, 1e-5) << what << ": F32-accurate, so the exact GEMM ran";
+      }
+    }
+  }
+}
+
 // 4-bit weights are repacked into the GEMV's tile layout at upload; pack_weight does the same to
 // a weight already in device memory (dummy weights are filled there). Both must give the same
 // results bit for bit, in the GEMV (n = 1, 16) and the GEMM (n = 40), for stacked experts whose
