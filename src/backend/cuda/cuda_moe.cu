@@ -58,13 +58,14 @@ __global__ void scatter_rows_kernel(const float* __restrict__ src, int64_t dim,
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) d[c] = s[c];
 }
 
-// Average slots per expert from which the grouped form pays for its ~10 launches per expert
-// (about 17 ms per 35B-A3B layer of launches and small GEMMs, then 3.7 us per token). Against
-// the 4-bit slot kernels (about 32 us per token per layer) the crossover is near 600 tokens of
-// the 35B-A3B (measured: 512 tokens 2,623 tok/s slot-by-slot, 670 grouped; 8k tokens 717
-// slot-by-slot, 2,749 grouped), so 4-bit experts group from 32 slots per expert (1,024 tokens);
-// the per-slot SIMT GEMVs of other formats are slower per slot and group from 8.
-constexpr int64_t kGroupedSlotsPerExpertQ4 = 32;
+// Average slots per expert from which the grouped form pays for its launches (about 25 per
+// expert: 15 ms per 35B-A3B layer, 0.6 s a prompt, then 0.135 ms per token for the whole
+// model). The 4-bit slot kernels cost about 0.256 ms per token for the whole model (H200,
+// warm: 512 tokens in 0.131 s; grouped 1,024 / 2,048 / 4,096 / 8,192 tokens in 0.72 / 0.90 /
+// 1.17 / 1.72 s), so they cross near 5,000 tokens: 4-bit experts group from 160 slots per
+// expert (5,120 tokens of the 35B-A3B). The per-slot SIMT GEMVs of other formats are slower per
+// slot and group from 8.
+constexpr int64_t kGroupedSlotsPerExpertQ4 = 160;
 constexpr int64_t kGroupedSlotsPerExpert = 8;
 
 }  // namespace
@@ -124,34 +125,50 @@ void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, cons
     }
   }
   const int per_token = k + (fuse_shared ? 1 : 0);
-  const int64_t slots = n * per_token;
-  const bool fits = q4 && cuda::q4_act_bytes(n, hidden, mg.group) <= ws &&
-                    cuda::q4_act_bytes(slots, inter, md.group) <= ws;
+  // The 4-bit slot kernels take as many tokens at once as their activation workspace holds;
+  // longer batches run in pieces of that many tokens (the cost is per slot, so pieces cost
+  // nothing extra).
+  int64_t piece = 0;
+  if (q4) {
+    piece = std::max<int64_t>(ws / (cuda::q4_act_bytes(1, hidden, mg.group) + 1024),
+                              1);  // an upper bound, lowered until both fit
+    piece = std::min(piece, n);
+    while (piece > 0 && (cuda::q4_act_bytes(piece, hidden, mg.group) > ws ||
+                         cuda::q4_act_bytes(piece * per_token, inter, md.group) > ws)) {
+      piece = piece * 7 / 8;
+    }
+  }
+  const bool fits = q4 && piece > 0;
   fuse_shared = fuse_shared && fits;
   if (fits) {
-    // scratch: gate out [slots, inter], up out [slots, inter], down out [slots, hidden].
-    float* act = scratch;
-    float* upo = act + slots * inter;
-    float* dn = upo + slots * inter;
-    const cuda::Q4Slots gu_slots{ids, k, per_token, per_token};
-    cuda::GemvJobs gu;
-    gu.m[0] = mg, gu.m[1] = mu, gu.m[2] = sg, gu.m[3] = su;
-    gu.out[0] = act, gu.out[1] = upo;
-    gu.count = 2;
-    gu.shared_offset = fuse_shared ? 2 : 0;
-    const cuda::Q4Act ax = cuda::launch_q4_prepare(stream_, x, hidden, n, hidden, mg.group,
-                                                   cuda::Q4Operands::kDigits, gemv_ws_);
-    cuda::launch_q4_gemv(stream_, gu, ax, 1, gu_slots, slots, gemv_ws_);
-    cuda::GemvJobs dj;
-    dj.m[0] = md, dj.m[1] = sd;
-    dj.out[0] = dn;
-    dj.count = 1;
-    dj.shared_offset = fuse_shared ? 1 : 0;
-    const cuda::Q4Act aa = cuda::launch_q4_prepare(stream_, act, inter, slots, inter, md.group,
-                                                   cuda::Q4Operands::kDigits, gemv_ws_, upo);
-    cuda::launch_q4_gemv(stream_, dj, aa, 1, cuda::Q4Slots{ids, k, per_token, 1}, slots, gemv_ws_);
-    combine(dn, weights, n, k, per_token, fuse_shared ? shared->gate_logit : nullptr, hidden, out,
-            stream_);
+    for (int64_t t0 = 0; t0 < n; t0 += piece) {
+      const int64_t m = std::min(piece, n - t0), slots = m * per_token;
+      const int32_t* pids = ids + t0 * k;
+      // scratch: gate out [slots, inter], up out [slots, inter], down out [slots, hidden].
+      float* act = scratch;
+      float* upo = act + slots * inter;
+      float* dn = upo + slots * inter;
+      const cuda::Q4Slots gu_slots{pids, k, per_token, per_token};
+      cuda::GemvJobs gu;
+      gu.m[0] = mg, gu.m[1] = mu, gu.m[2] = sg, gu.m[3] = su;
+      gu.out[0] = act, gu.out[1] = upo;
+      gu.count = 2;
+      gu.shared_offset = fuse_shared ? 2 : 0;
+      const cuda::Q4Act ax = cuda::launch_q4_prepare(stream_, x + t0 * hidden, hidden, m, hidden,
+                                                     mg.group, cuda::Q4Operands::kDigits, gemv_ws_);
+      cuda::launch_q4_gemv(stream_, gu, ax, 1, gu_slots, slots, gemv_ws_);
+      cuda::GemvJobs dj;
+      dj.m[0] = md, dj.m[1] = sd;
+      dj.out[0] = dn;
+      dj.count = 1;
+      dj.shared_offset = fuse_shared ? 1 : 0;
+      const cuda::Q4Act aa = cuda::launch_q4_prepare(stream_, act, inter, slots, inter, md.group,
+                                                     cuda::Q4Operands::kDigits, gemv_ws_, upo);
+      cuda::launch_q4_gemv(stream_, dj, aa, 1, cuda::Q4Slots{pids, k, per_token, 1}, slots,
+                           gemv_ws_);
+      combine(dn, weights + t0 * k, m, k, per_token,
+              fuse_shared ? shared->gate_logit + t0 : nullptr, hidden, out + t0 * hidden, stream_);
+    }
   } else {
     moe_routed_indexed(x, n, k, ids, weights, mg, mu, md, out, scratch);
   }

@@ -77,9 +77,9 @@ TEST_F(CudaMoe, MatchesCpu) {
       sg.w.experts = su.w.experts = sd.w.experts = 0;
       const Weight dsg = gpu->upload_weight(sg.w), dsu = gpu->upload_weight(su.w),
                    dsd = gpu->upload_weight(sd.w);
-      // The grouped form: n = 40 and 200 (8 slots per expert and more), 4-bit only at 200 (32 and
-      // more); at 200 with GEMMs of more than 64 rows.
-      for (int64_t n : {1, 5, 40, 200}) {
+      // The grouped form: n = 40, 200 and 500 (8 slots per expert and more), 4-bit only at 500
+      // (160 and more); at 200 and 500 with GEMMs of more than 64 rows.
+      for (int64_t n : {1, 5, 40, 200, 500}) {
         const std::string what = "moe bits " + std::to_string(bits) + " shared " +
                                  std::to_string(shared_inter) + " n=" + std::to_string(n);
         std::vector<float> x = rng.normals(static_cast<size_t>(n * hidden));
@@ -112,6 +112,38 @@ TEST_F(CudaMoe, MatchesCpu) {
       }
     }
   }
+}
+
+// More tokens than the 4-bit slot kernels' activation workspace holds (1,024-wide rows) but too
+// few slots per expert for the grouped form: the slot kernels run in pieces of tokens, with
+// the shared expert as a slot.
+TEST_F(CudaMoe, LongBatchRunsSlotKernelsInPieces) {
+  Rng rng(32);
+  const int64_t E = 64, hidden = 1024, inter = 128, n = 4500;
+  const int k = 2;
+  Experts g = make_experts(rng, 4, E, inter, hidden), u = make_experts(rng, 4, E, inter, hidden),
+          d = make_experts(rng, 4, E, hidden, inter);
+  Experts sg = make_experts(rng, 4, 1, inter, hidden), su = make_experts(rng, 4, 1, inter, hidden),
+          sd = make_experts(rng, 4, 1, hidden, inter);
+  sg.w.experts = su.w.experts = sd.w.experts = 0;
+  const Weight dg = gpu->upload_weight(g.w), du = gpu->upload_weight(u.w),
+               dd = gpu->upload_weight(d.w), dsg = gpu->upload_weight(sg.w),
+               dsu = gpu->upload_weight(su.w), dsd = gpu->upload_weight(sd.w);
+  std::vector<float> x = rng.normals(static_cast<size_t>(n * hidden));
+  std::vector<float> logits = rng.normals(static_cast<size_t>(n * E));
+  std::vector<float> gate_logit = rng.normals(static_cast<size_t>(n));
+  std::vector<int32_t> ids(static_cast<size_t>(n * k));
+  std::vector<float> w(ids.size());
+  cpu->topk_softmax(logits.data(), n, static_cast<int>(E), k, true, ids.data(), w.data());
+  std::vector<float> scratch(static_cast<size_t>(moe_scratch_floats(n, k, inter, inter, hidden)));
+  std::vector<float> want(static_cast<size_t>(n * hidden));
+  const SharedExpert cpu_shared{&sg.w, &su.w, &sd.w, gate_logit.data()};
+  const SharedExpert gpu_shared{&dsg, &dsu, &dsd, up(gate_logit)};
+  cpu->moe(x.data(), n, k, ids.data(), w.data(), g.w, u.w, d.w, &cpu_shared, want.data(),
+           scratch.data());
+  float* dout = poisoned(want.size());
+  gpu->moe(up(x), n, k, up(ids), up(w), dg, du, dd, &gpu_shared, dout, poisoned(scratch.size()));
+  expect_close(down(dout, want.size()), want, 1e-4, "moe q4 n=4500 in pieces");
 }
 
 }  // namespace
