@@ -19,9 +19,10 @@ void add_device_options(CLI::App& cmd, DeviceOptions& opt) {
   cmd.add_option("--threads", opt.threads, "CPU threads (0 = all)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 16));
-  cmd.add_option("--prefill-gemm", opt.prefill_gemm,
-                 "CUDA prefill matmuls: exact (F32-accurate, agrees with decode and the CPU) or "
-                 "fast (one F16 pass: about 3x the matmul rate, about 11 significant bits)")
+  cmd.add_option("--prefill-precision", opt.prefill_precision,
+                 "CUDA prefill matmuls (linear layers, attention): exact (F32-accurate, agrees "
+                 "with decode and the CPU) or fast (one F16 pass: about 11 significant bits, "
+                 "a third of the tensor-core work)")
       ->check(CLI::IsMember({"exact", "fast"}))
       ->capture_default_str();
 }
@@ -44,8 +45,8 @@ BackendHandle make_backend(const DeviceOptions& opt) {
   h.pool = std::make_unique<ThreadPool>(opt.threads);
 #ifdef TM_HAVE_CUDA
   if (opt.device == "cuda" || (opt.device == "auto" && cuda_device_count() > 0)) {
-    h.backend =
-        make_cuda_backend(0, opt.prefill_gemm == "fast" ? PrefillGemm::kFast : PrefillGemm::kExact);
+    h.backend = make_cuda_backend(
+        0, opt.prefill_precision == "fast" ? PrefillPrecision::kFast : PrefillPrecision::kExact);
     return h;
   }
 #else
@@ -55,10 +56,11 @@ BackendHandle make_backend(const DeviceOptions& opt) {
         "exists); use --device cpu");
   }
 #endif
-  if (opt.prefill_gemm == "fast") {
-    std::fprintf(stderr,
-                 "note: --prefill-gemm fast has no effect on the CPU backend, which computes in "
-                 "F32\n");
+  if (opt.prefill_precision == "fast") {
+    std::fprintf(
+        stderr,
+        "note: --prefill-precision fast has no effect on the CPU backend, which computes in "
+        "F32\n");
   }
   h.backend = make_cpu_backend(*h.pool);
   return h;

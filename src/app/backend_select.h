@@ -16,8 +16,8 @@ namespace tokenmill::app {
 struct DeviceOptions {
   std::string device = "auto";  // cpu, cuda or auto (cuda when built and a GPU is present)
   int threads = 0;              // CPU threads; 0 = all hardware threads
-  // Prefill GEMM on CUDA: exact (F32-accurate, F16 hi + lo passes) or fast (one F16 pass).
-  std::string prefill_gemm = "exact";
+  // Prefill matmuls on CUDA: exact (F32-accurate, F16 hi + lo passes) or fast (one F16 pass).
+  std::string prefill_precision = "exact";
 };
 
 void add_device_options(CLI::App& cmd, DeviceOptions& opt);

@@ -108,7 +108,8 @@ void bench_command(BenchOptions o) {
   Backend& backend = prof ? static_cast<Backend&>(*prof) : *be.backend;
   BenchReport rep;
   rep.device = describe_device(*be.backend, be.pool->size());
-  if (!cpu && o.device.prefill_gemm == "fast") rep.device += ", prefill GEMM fast (one F16 pass)";
+  if (!cpu && o.device.prefill_precision == "fast")
+    rep.device += ", prefill precision fast (one F16 pass per matmul)";
   std::fprintf(stderr, "probing %s ...\n", rep.device.c_str());
   rep.read_gbps = measure_read_bandwidth(*be.backend, *be.pool);
   rep.matmul_tflops = measure_bf16_matmul(*be.backend);

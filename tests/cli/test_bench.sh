@@ -2,7 +2,7 @@
 # `tokenmill bench` on the bundled demo model (CPU): the printed table has every requested
 # prefill length, decode context and batch size; the JSON report carries the measured device
 # figures, the per-test rates and the peak memory; the chart is a complete SVG document;
-# a missing model directory, a zero batch size and an unknown --prefill-gemm fail with messages
+# a missing model directory, a zero batch size and an unknown --prefill-precision fail with messages
 # naming them. (Contexts
 # shorter than the batch sweep's 64-token prompts once made the batch sweep overflow the
 # context window.)
@@ -47,13 +47,13 @@ if "$BIN" bench "$ROOT/models/demo" --device cpu --batches 0 > "$TMP/o3.txt" 2>&
   echo "bench with --batches 0 succeeded"; exit 1
 fi
 grep -qi "batch" "$TMP/o3.txt" || { echo "error does not name the batch option:"; cat "$TMP/o3.txt"; exit 1; }
-# --prefill-gemm takes exact or fast only; fast on the CPU backend says it changes nothing.
-if "$BIN" bench "$ROOT/models/demo" --device cpu --prefill-gemm half > "$TMP/o4.txt" 2>&1; then
-  echo "bench with --prefill-gemm half succeeded"; exit 1
+# --prefill-precision takes exact or fast only; fast on the CPU backend says it changes nothing.
+if "$BIN" bench "$ROOT/models/demo" --device cpu --prefill-precision half > "$TMP/o4.txt" 2>&1; then
+  echo "bench with --prefill-precision half succeeded"; exit 1
 fi
-grep -q "prefill-gemm" "$TMP/o4.txt" || { echo "error does not name --prefill-gemm:"; cat "$TMP/o4.txt"; exit 1; }
+grep -q "prefill-precision" "$TMP/o4.txt" || { echo "error does not name --prefill-precision:"; cat "$TMP/o4.txt"; exit 1; }
 "$BIN" bench "$ROOT/models/demo" --device cpu --threads 2 --prompt-lengths 16 --contexts 16 \
-  --batches 1 --decode-tokens 2 --prefill-gemm fast --json "$TMP/c.json" --chart "$TMP/c.svg" \
+  --batches 1 --decode-tokens 2 --prefill-precision fast --json "$TMP/c.json" --chart "$TMP/c.svg" \
   > "$TMP/o5.txt" 2>&1
 grep -q "no effect on the CPU backend" "$TMP/o5.txt" || { echo "no note for fast on CPU:"; cat "$TMP/o5.txt"; exit 1; }
 echo "bench: ok"

@@ -533,7 +533,10 @@ void CudaBackend::attention(const KVLayerView& kv, const KVPaging& paging, const
     return;
   }
   // Many rows (prefill), or no workspace: the tensor-core kernel where it takes the shape.
-  if (cuda::launch_attention_prefill(stream_, kv, paging, seqs, q, heads, scale, out)) return;
+  if (cuda::launch_attention_prefill(stream_, kv, paging, seqs, q, heads, scale, out,
+                                     prefill_precision_ == PrefillPrecision::kFast)) {
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(seqs.n_tokens), static_cast<unsigned>(heads));
   cuda::with_kv_type(kv.dtype, [&](auto tag) {
     cuda::launch_pdl(cuda::attention_kernel<decltype(tag)>, grid, cuda::kAttnWarps * 32, 0, stream_,

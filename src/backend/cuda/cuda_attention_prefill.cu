@@ -8,6 +8,7 @@
 // hi + lo parts in shared memory; S = Q K^T and O += P V run as three F16 products each
 // (hi*hi + hi*lo + lo*hi), about 22 significant bits per operand: prefill then agrees with the
 // F32 decode kernels (and the CPU) to F32 rounding, as the prefill GEMM does (cuda_gemm.cu).
+// PrefillPrecision::kFast (--prefill-precision fast): hi*hi only, one pass per product.
 // Invariant: |q|, |k|, |v| stay inside the F16 range (65504), as normed queries and keys and the
 // values of real models do.
 //
@@ -68,34 +69,42 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint3
   hi = half2_bits(h);
   lo = half2_bits(__floats2half2_rn(a - f.x, b - f.y));
 }
-// x's hi parts at p[0..3], its lo parts at p[lo_off..lo_off+3] (8-byte aligned).
+// x's hi parts at p[0..3], its lo parts at p[lo_off..lo_off+3] (8-byte aligned); kFast: hi only.
+template <bool kFast>
 __device__ __forceinline__ void store_split4(__half* p, int lo_off, float4 x) {
   uint32_t h0, l0, h1, l1;
   split_pair(x.x, x.y, h0, l0);
   split_pair(x.z, x.w, h1, l1);
   *reinterpret_cast<uint2*>(p) = make_uint2(h0, h1);
-  *reinterpret_cast<uint2*>(p + lo_off) = make_uint2(l0, l1);
+  if constexpr (!kFast) *reinterpret_cast<uint2*>(p + lo_off) = make_uint2(l0, l1);
 }
 
 // Three-pass product into a fresh accumulator: d = (ah + al)(bh + bl) without al*bl, the small
 // terms first. The caller adds d to its running sum in F32: the tensor cores' F32 accumulation
 // truncates, and a long chain of mma.sync into one accumulator drifted ~1e-5 relative off the
 // CPU (measured); a fresh accumulator per step keeps that error per step.
+// kFast (PrefillPrecision::kFast): ah * bh only.
+template <bool kFast>
 __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4],
                                      const uint32_t (&al)[4], uint32_t bh0, uint32_t bh1,
                                      uint32_t bl0, uint32_t bl1) {
   d[0] = d[1] = d[2] = d[3] = 0.0f;
-  mma_f16(d, al[0], al[1], al[2], al[3], bh0, bh1);
-  mma_f16(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+  if constexpr (!kFast) {
+    mma_f16(d, al[0], al[1], al[2], al[3], bh0, bh1);
+    mma_f16(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+  }
   mma_f16(d, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
 }
 // d += the same three products, in place: for O, whose chain per tile is short (the scores'
 // chain runs over all of head_dim).
+template <bool kFast>
 __device__ __forceinline__ void mma3_acc(float (&d)[4], const uint32_t (&ah)[4],
                                          const uint32_t (&al)[4], uint32_t bh0, uint32_t bh1,
                                          uint32_t bl0, uint32_t bl1) {
-  mma_f16(d, al[0], al[1], al[2], al[3], bh0, bh1);
-  mma_f16(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+  if constexpr (!kFast) {
+    mma_f16(d, al[0], al[1], al[2], al[3], bh0, bh1);
+    mma_f16(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+  }
   mma_f16(d, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
 }
 __device__ __forceinline__ void add4(float (&acc)[4], const float (&d)[4]) {
@@ -110,7 +119,7 @@ constexpr size_t prefill_smem_bytes(int warps) {
          kKeys * sizeof(int64_t);
 }
 
-template <int D, typename T>
+template <int D, typename T, bool kFast>
 __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(PrefillArgs a) {
   constexpr int LD = D + kPad;
   constexpr int kDimTiles = D / 8;  // n-tiles of the output
@@ -165,7 +174,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
     if (t < t_end) {
       x = *reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(t) * a.heads + h) * D + d);
     }
-    store_split4(qw + r * LD + d, 16 * LD, x);
+    store_split4<kFast>(qw + r * LD + d, 16 * LD, x);
   }
   __syncthreads();
   const int kmax = s_kmax;
@@ -201,8 +210,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
         kx = kv_load4(kc + r * cache_row + d);
         vx = kv_load4(vc + r * cache_row + d);
       }
-      store_split4(k_s + key * LD + d, kKeys * LD, kx);
-      store_split4(v_s + key * LD + d, kKeys * LD, vx);
+      store_split4<kFast>(k_s + key * LD + d, kKeys * LD, kx);
+      store_split4<kFast>(v_s + key * LD + d, kKeys * LD, vx);
     }
     __syncthreads();
     if (p0 > warp_kmax) continue;  // every key of the tile is past this warp's rows
@@ -213,19 +222,19 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
     for (int n = 0; n < kKeys / 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll 2
     for (int kd = 0; kd < D / 16; ++kd) {
-      uint32_t qh[4], ql[4];
+      uint32_t qh[4], ql[4] = {};
       const __half* qp = qw + ((mi & 1) * 8 + mr) * LD + kd * 16 + (mi >> 1) * 8;
       ldsm_x4(qh, qp);
-      ldsm_x4(ql, qp + 16 * LD);
+      if constexpr (!kFast) ldsm_x4(ql, qp + 16 * LD);
 #pragma unroll
       for (int nb = 0; nb < kKeys / 16; ++nb) {
-        uint32_t kh[4], kl[4];
+        uint32_t kh[4], kl[4] = {};
         const __half* kp = k_s + (nb * 16 + (mi >> 1) * 8 + mr) * LD + kd * 16 + (mi & 1) * 8;
         ldsm_x4(kh, kp);
-        ldsm_x4(kl, kp + kKeys * LD);
+        if constexpr (!kFast) ldsm_x4(kl, kp + kKeys * LD);
         float d0[4], d1[4];
-        mma3(d0, qh, ql, kh[0], kh[1], kl[0], kl[1]);
-        mma3(d1, qh, ql, kh[2], kh[3], kl[2], kl[3]);
+        mma3<kFast>(d0, qh, ql, kh[0], kh[1], kl[0], kl[1]);
+        mma3<kFast>(d1, qh, ql, kh[2], kh[3], kl[2], kl[3]);
         add4(sc[2 * nb], d0);
         add4(sc[2 * nb + 1], d1);
       }
@@ -282,12 +291,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
       split_pair(sc[2 * kk + 1][2], sc[2 * kk + 1][3], ph[3], pl[3]);
 #pragma unroll
       for (int dn = 0; dn < D / 16; ++dn) {
-        uint32_t vh[4], vl[4];
+        uint32_t vh[4], vl[4] = {};
         const __half* vp = v_s + (kk * 16 + (mi & 1) * 8 + mr) * LD + dn * 16 + (mi >> 1) * 8;
         ldsm_x4_trans(vh, vp);
-        ldsm_x4_trans(vl, vp + kKeys * LD);
-        mma3_acc(o[2 * dn], ph, pl, vh[0], vh[1], vl[0], vl[1]);
-        mma3_acc(o[2 * dn + 1], ph, pl, vh[2], vh[3], vl[2], vl[3]);
+        if constexpr (!kFast) ldsm_x4_trans(vl, vp + kKeys * LD);
+        mma3_acc<kFast>(o[2 * dn], ph, pl, vh[0], vh[1], vl[0], vl[1]);
+        mma3_acc<kFast>(o[2 * dn + 1], ph, pl, vh[2], vh[3], vl[2], vl[3]);
       }
     }
   }
@@ -315,30 +324,30 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
   }
 }
 
-template <int D, typename T>
+template <int D, typename T, bool kFast>
 void launch_prefill_d(cudaStream_t st, const PrefillArgs& a, dim3 grid, int warps) {
   const size_t smem = prefill_smem_bytes<D>(warps);
-  TM_CUDA(cudaFuncSetAttribute(attention_prefill_kernel<D, T>,
+  TM_CUDA(cudaFuncSetAttribute(attention_prefill_kernel<D, T, kFast>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(prefill_smem_bytes<D>(kMaxWarps))));
-  launch_pdl(attention_prefill_kernel<D, T>, grid, dim3(warps * 32), smem, st, a);
+  launch_pdl(attention_prefill_kernel<D, T, kFast>, grid, dim3(warps * 32), smem, st, a);
   TM_CUDA_LAUNCHED();
 }
 
-template <typename T>
+template <typename T, bool kFast>
 bool launch_prefill_t(cudaStream_t st, const PrefillArgs& a, dim3 grid, int warps, int D) {
   switch (D) {
     case 32:
-      launch_prefill_d<32, T>(st, a, grid, warps);
+      launch_prefill_d<32, T, kFast>(st, a, grid, warps);
       return true;
     case 64:
-      launch_prefill_d<64, T>(st, a, grid, warps);
+      launch_prefill_d<64, T, kFast>(st, a, grid, warps);
       return true;
     case 128:
-      launch_prefill_d<128, T>(st, a, grid, warps);
+      launch_prefill_d<128, T, kFast>(st, a, grid, warps);
       return true;
     case 256:
-      launch_prefill_d<256, T>(st, a, grid, warps);
+      launch_prefill_d<256, T, kFast>(st, a, grid, warps);
       return true;
     default:
       return false;
@@ -349,7 +358,7 @@ bool launch_prefill_t(cudaStream_t st, const PrefillArgs& a, dim3 grid, int warp
 
 bool launch_attention_prefill(CUstream_st* st, const KVLayerView& kv, const KVPaging& pg,
                               const SeqLayout& seqs, const float* q, int heads, float scale,
-                              float* out) {
+                              float* out, bool fast) {
   const int D = kv.head_dim, r = heads / kv.kv_heads;
   if ((D != 32 && D != 64 && D != 128 && D != 256) || r < 1 || r > kMaxGroup ||
       reinterpret_cast<uintptr_t>(q) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 8 != 0 ||
@@ -363,10 +372,13 @@ bool launch_attention_prefill(CUstream_st* st, const KVLayerView& kv, const KVPa
   const dim3 grid(
       static_cast<unsigned>((seqs.n_tokens + tile_tokens - 1) / tile_tokens + seqs.n_seqs),
       static_cast<unsigned>(kv.kv_heads));
+  const int warps = r * tok_tiles;
   if (kv.dtype == DType::BF16) {
-    return launch_prefill_t<uint16_t>(st, a, grid, r * tok_tiles, D);
+    return fast ? launch_prefill_t<uint16_t, true>(st, a, grid, warps, D)
+                : launch_prefill_t<uint16_t, false>(st, a, grid, warps, D);
   }
-  return launch_prefill_t<float>(st, a, grid, r * tok_tiles, D);
+  return fast ? launch_prefill_t<float, true>(st, a, grid, warps, D)
+              : launch_prefill_t<float, false>(st, a, grid, warps, D);
 }
 
 }  // namespace tokenmill::cuda

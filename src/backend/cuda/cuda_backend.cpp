@@ -19,12 +19,12 @@ int cuda_device_count() {
   return n;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device, PrefillGemm prefill_gemm) {
-  return std::make_unique<CudaBackend>(device, prefill_gemm);
+std::unique_ptr<Backend> make_cuda_backend(int device, PrefillPrecision prefill_precision) {
+  return std::make_unique<CudaBackend>(device, prefill_precision);
 }
 
-CudaBackend::CudaBackend(int device, PrefillGemm prefill_gemm)
-    : device_(device), prefill_gemm_(prefill_gemm) {
+CudaBackend::CudaBackend(int device, PrefillPrecision prefill_precision)
+    : device_(device), prefill_precision_(prefill_precision) {
   const int count = cuda_device_count();
   if (device < 0 || device >= count) {
     fail(

@@ -10,16 +10,17 @@ namespace tokenmill {
 // Number of visible CUDA devices; 0 when there is none or the driver is missing.
 int cuda_device_count();
 
-// Arithmetic of the prefill GEMM (linear with more rows than the GEMV kernels take).
+// Arithmetic of the prefill matmuls on the tensor cores: the GEMM (linear with more rows than
+// the GEMV kernels take) and the prefill attention's two products.
 //   kExact: operands that F16 would round are split into F16 hi + lo parts, two or three
 //           tensor-core passes; prefill agrees with decode and the CPU to F32 rounding.
 //   kFast:  one F16 pass (about 11 significant bits per operand, like the BF16/F16 prefill of
-//           other engines), a third of the tensor-core work of kExact on quantized weights.
-enum class PrefillGemm { kExact, kFast };
+//           other engines), a third of the tensor-core work of kExact.
+enum class PrefillPrecision { kExact, kFast };
 
 // A backend running every op on CUDA device `device` on its own stream. Throws
 // tokenmill::Error when the device cannot be used.
-std::unique_ptr<Backend> make_cuda_backend(int device = 0,
-                                           PrefillGemm prefill_gemm = PrefillGemm::kExact);
+std::unique_ptr<Backend> make_cuda_backend(
+    int device = 0, PrefillPrecision prefill_precision = PrefillPrecision::kExact);
 
 }  // namespace tokenmill

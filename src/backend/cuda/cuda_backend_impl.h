@@ -36,9 +36,10 @@ struct GemvWorkspace {
 
 // Causal GQA attention on the tensor cores (cuda_attention_prefill.cu) for head_dim 32, 64, 128
 // or 256 and up to 8 query heads per kv head; false, launching nothing, for other shapes.
+// fast: one F16 pass per product (PrefillPrecision::kFast) instead of three.
 bool launch_attention_prefill(CUstream_st* st, const KVLayerView& kv, const KVPaging& pg,
                               const SeqLayout& seqs, const float* q, int heads, float scale,
-                              float* out);
+                              float* out, bool fast);
 
 // The gated delta rule in chunks of 64 tokens (cuda_gdn_chunked.cu). Workspace it needs (floats)
 // for k_dim 4..128 (a multiple of 4) and v_dim 1..128; 0 for shapes it does not take.
@@ -53,7 +54,7 @@ bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, PrefillGemm prefill_gemm);
+  CudaBackend(int device, PrefillPrecision prefill_precision);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -162,8 +163,15 @@ class CudaBackend final : public Backend {
   void moe_routed_indexed(const float* x, int64_t n, int k, const int32_t* ids,
                           const float* weights, const cuda::DevMat& gate, const cuda::DevMat& up,
                           const cuda::DevMat& down, float* out, float* scratch);
-  // moe's prefill form: slots grouped by expert on the host, each expert's tokens through its
-  // matrices once. False (nothing done) while a stream capture runs or the scratch is short.
+  // moe's prefill form for 4-bit experts: rows grouped by expert on the host, then per piece of
+  // rows one wide-GEMV launch per projection over chunks of up to 64 rows of one expert. False
+  // (nothing done) while a stream capture runs or the scratch is short.
+  bool moe_chunks(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
+                  const cuda::DevMat& mg, const cuda::DevMat& mu, const cuda::DevMat& md,
+                  float* out, float* scratch, int64_t scratch_floats);
+  // moe's prefill form for other formats: slots grouped by expert on the host, each expert's
+  // tokens through its matrices once. False (nothing done) while a stream capture runs or the
+  // scratch is short.
   bool moe_grouped(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
                    const Weight& gate, const Weight& up, const Weight& down, float* out,
                    float* scratch, int64_t scratch_floats);
@@ -174,7 +182,7 @@ class CudaBackend final : public Backend {
   void* grow_workspace(void** p, size_t* bytes, size_t need, const char* what);
 
   int device_ = 0;
-  PrefillGemm prefill_gemm_ = PrefillGemm::kExact;
+  PrefillPrecision prefill_precision_ = PrefillPrecision::kExact;
   std::string device_name_;
   CUstream_st* stream_ = nullptr;
   std::vector<void*> owned_;   // device allocations freed in the destructor

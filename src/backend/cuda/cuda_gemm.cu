@@ -9,8 +9,9 @@
 // are exact in F16). The product is hi*hi + hi*lo (+ lo*hi): two or three GEMMs accumulating in
 // F32, about 22 significant bits per operand, so prefill agrees with decode and with the CPU to
 // F32 rounding. (One F16 GEMM was measured 5-15x the golden tolerance off on quantized models
-// whose logits are large: 2^-12 relative error per weight is not small there.) PrefillGemm::kFast
-// (--prefill-gemm fast) is that one pass, for those who trade the agreement for speed.
+// whose logits are large: 2^-12 relative error per weight is not small there.)
+// PrefillPrecision::kFast
+// (--prefill-precision fast) is that one pass, for those who trade the agreement for speed.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -139,7 +140,7 @@ void CudaBackend::gemm(const float* x, int64_t n, const cuda::DevMat& m, float* 
   grow_workspace(&gemm_x_, &gemm_x_bytes_, static_cast<size_t>(elems) * 2 * sizeof(__half),
                  "prefill GEMM");
   // kFast: the hi parts only (one pass, F16 rounding of both operands).
-  const bool fast = prefill_gemm_ == PrefillGemm::kFast;
+  const bool fast = prefill_precision_ == PrefillPrecision::kFast;
   auto* hi = static_cast<__half*>(gemm_x_);
   __half* lo = fast ? nullptr : hi + elems;
   auto* max_bits = reinterpret_cast<unsigned*>(gemm_consts_ + 3);

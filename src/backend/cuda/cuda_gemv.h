@@ -112,6 +112,13 @@ Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t ro
 void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, const Q4Slots& sl,
                     int64_t slots, const GemvWorkspace& ws);
 
+// Grouped MoE rows (prefill) on the wide F16-operand kernel: chunk c is chunks[4c .. 4c+3] =
+// {expert, first prepared row, rows (1..kQ4GemvMaxRows), unused} (16-byte aligned); each job's
+// matrix (stacked experts) runs that expert on those rows and writes rows first .. first+rows-1
+// of out[j]. Each expert's weights are read once per chunk instead of once per row.
+void launch_q4_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, const int32_t* chunks,
+                           int64_t n_chunks, const GemvWorkspace& ws);
+
 // The digit kernels (cuda_gemv_q4d.cu), called by the two above with checked arguments.
 void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, const float* up, bool sigmoid_gate,
                                int64_t ldx, int64_t rows, int64_t K, const Q4Act& act);

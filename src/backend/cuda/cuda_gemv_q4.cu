@@ -270,14 +270,28 @@ struct Q4TileDot {
 };
 
 // Each warp takes an equal range of the flattened (tile, group) work (cuda_streamk.cuh).
-template <int G, int CB, int U, int ST>
+// kChunks: grouped MoE rows (launch_q4_gemv_chunks), tiles_per_chunk tiles per chunk.
+template <int G, int CB, int U, int ST, bool kChunks>
 __global__ void __launch_bounds__(128, 2)
-    q4_gemv_kernel(GemvJobs jobs, Q4Act act, int n, StreamK sk) {
+    q4_gemv_kernel(GemvJobs jobs, Q4Act act, int n, StreamK sk, const int32_t* chunks,
+                   int64_t tiles_per_chunk) {
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1) {
-    const Q4Tile q = q4_tile(jobs, tile, sk.tiles, n, Q4Slots{});
+    Q4Tile q;
+    if constexpr (kChunks) {
+      // The chunk list is uploaded before the kernels of the MoE layer run: readable now.
+      const int64_t ci = tile / tiles_per_chunk;
+      q = q4_tile(jobs, tile - ci * tiles_per_chunk, tiles_per_chunk, n, Q4Slots{});
+      const int4 c = reinterpret_cast<const int4*>(chunks)[ci];
+      q.m = at_expert(q.m, c.x);
+      q.cbase = c.y;
+      q.ncols = c.z;
+      q.out += static_cast<int64_t>(c.y) * q.m.rows;
+    } else {
+      q = q4_tile(jobs, tile, sk.tiles, n, Q4Slots{});
+    }
     float tot[CB][2];
     Q4TileDot<G, CB, U, ST>(q, act, static_cast<int>(k1)).run(static_cast<int>(k0), tot);
     if (k0 > 0 || k1 < sk.steps) {
@@ -288,7 +302,7 @@ __global__ void __launch_bounds__(128, 2)
     for (int cb = 0; cb < CB; ++cb) {
       const int c = cb * 4 + t;  // activation row
       if (c >= q.ncols) continue;
-      const float scale = act.colscale[c];
+      const float scale = act.colscale[(kChunks ? q.cbase : 0) + c];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t r = q.r0 + g + 8 * h;
@@ -298,32 +312,33 @@ __global__ void __launch_bounds__(128, 2)
   });
 }
 
-template <int G, int CB, int ST>
+template <int G, int CB, int ST, bool kChunks>
 void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, int64_t tiles,
-                  const GemvWorkspace& ws) {
+                  const GemvWorkspace& ws, const int32_t* chunks, int64_t tiles_per_chunk) {
   // Groups per buffer: 64 bytes of weights per lane (32 at group 128, and for the wide kernel),
   // so each warp keeps 2-4 KB in flight.
   constexpr int U = CB > 4 ? 2 : G == 128 ? 2 : 4;
-  const auto kernel = q4_gemv_kernel<G, CB, U, ST>;
+  const auto kernel = q4_gemv_kernel<G, CB, U, ST, kChunks>;
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
                                   jobs.m[0].cols / G, 32 * CB * 2, ws);
   // Dependent launch: the warps start streaming weights while the preparation kernel runs.
   launch_pdl(kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), 0, st, jobs, act,
-             n, sk);
+             n, sk, chunks, tiles_per_chunk);
 }
 
-template <int G, int CB>
+template <int G, int CB, bool kChunks = false>
 void launch_group(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, int64_t tiles,
-                  const GemvWorkspace& ws) {
+                  const GemvWorkspace& ws, const int32_t* chunks = nullptr,
+                  int64_t tiles_per_chunk = 0) {
   switch (jobs.m[0].sdtype) {
     case kBF16:
-      launch_typed<G, CB, kBF16>(st, jobs, act, n, tiles, ws);
+      launch_typed<G, CB, kBF16, kChunks>(st, jobs, act, n, tiles, ws, chunks, tiles_per_chunk);
       break;
     case kF16:
-      launch_typed<G, CB, kF16>(st, jobs, act, n, tiles, ws);
+      launch_typed<G, CB, kF16, kChunks>(st, jobs, act, n, tiles, ws, chunks, tiles_per_chunk);
       break;
     default:
-      launch_typed<G, CB, kF32>(st, jobs, act, n, tiles, ws);
+      launch_typed<G, CB, kF32, kChunks>(st, jobs, act, n, tiles, ws, chunks, tiles_per_chunk);
   }
 }
 
@@ -438,6 +453,39 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
       break;
     default:
       by_cb(std::integral_constant<int, 128>{});
+  }
+  TM_CUDA_LAUNCHED();
+}
+
+void launch_q4_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, const int32_t* chunks,
+                           int64_t n_chunks, const GemvWorkspace& ws) {
+  TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs && n_chunks >= 1,
+                  "q4 gemv chunks: 1..4 matrices and at least one chunk");
+  TM_CUDA_REQUIRE(act.operands == Q4Operands::kF16 && reinterpret_cast<uintptr_t>(chunks) % 16 == 0,
+                  "q4 gemv chunks: F16 operands and a 16-byte aligned chunk list");
+  int64_t tiles_per_chunk = 0;
+  for (int j = 0; j < jobs.count; ++j) {
+    TM_CUDA_REQUIRE(q4_mma_eligible(jobs.m[j]) && jobs.m[j].group == act.group &&
+                        jobs.m[j].cols == act.ld / 2 && jobs.m[j].sdtype == jobs.m[0].sdtype,
+                    "q4 gemv chunks: matrices must match the prepared activations");
+    jobs.first_tile[j] = tiles_per_chunk;
+    tiles_per_chunk += (jobs.m[j].rows + 15) / 16;
+  }
+  jobs.first_tile[jobs.count] = tiles_per_chunk;
+  jobs.shared_offset = 0;
+  const int64_t tiles = tiles_per_chunk * n_chunks;
+  switch (act.group) {
+    case 32:
+      launch_group<32, kQ4WideCB, true>(st, jobs, act, kQ4GemvMaxRows, tiles, ws, chunks,
+                                        tiles_per_chunk);
+      break;
+    case 64:
+      launch_group<64, kQ4WideCB, true>(st, jobs, act, kQ4GemvMaxRows, tiles, ws, chunks,
+                                        tiles_per_chunk);
+      break;
+    default:
+      launch_group<128, kQ4WideCB, true>(st, jobs, act, kQ4GemvMaxRows, tiles, ws, chunks,
+                                         tiles_per_chunk);
   }
   TM_CUDA_LAUNCHED();
 }

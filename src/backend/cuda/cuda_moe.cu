@@ -1,10 +1,13 @@
-// Mixture of experts. Prefill-sized batches (kGroupedSlotsPerExpert* slots per expert on
-// average, outside stream capture) take the grouped form: the routing ids come to the host (one
-// sync), the slots are grouped by expert in slot order, and each expert's tokens go through its
-// gate, up and down matrices in one linear call each (the GEMM for many rows), so its weights
-// are read once per call instead of once per slot (the slot-by-slot form took 265 ms per
-// 35B-A3B layer at an 8k-token prompt); the down rows are scattered back to slot order and
-// combined as below.
+// Mixture of experts. Prefill-sized batches (outside stream capture) group their rows by
+// expert: the routing ids come to the host (one sync) and are counting-sorted by expert in slot
+// order, so each expert's weights are read once per group of rows instead of once per slot.
+// 4-bit experts (moe_chunks, from kChunkedSlotsPerExpertQ4 slots per expert on average): the
+// rows in expert order are cut into chunks of up to 64 rows of one expert, and pieces of chunks
+// run gather, prepare, one wide-GEMV launch for gate and up, silu_mul, prepare and one for down;
+// the combine reads the down rows through each slot's position. Other formats (moe_grouped,
+// from kGroupedSlotsPerExpert): each expert's tokens through its matrices in one linear call
+// each, the down rows scattered back to slot order. (The slot-by-slot form took 265 ms per
+// 35B-A3B layer at an 8k-token prompt.)
 //
 // The other batches take the simple device-side form: routing ids stay on the device (no host
 // sync). For each (token, slot) pair s = t*k + j, gate and up GEMVs of expert ids[s] on x[t],
@@ -30,10 +33,12 @@ namespace tokenmill::cuda {
 namespace {
 
 // out[t] = sum_j w[t, j] * down[t * per_token + j] (+ sigmoid(gate_logit[t]) * the shared
-// expert's row t * per_token + k when per_token > k), in the CPU backend's order.
+// expert's row t * per_token + k when per_token > k), in the CPU backend's order. With `pos`,
+// slot s's row of `down` is pos[s] (rows in expert order).
 __global__ void moe_combine_kernel(const float* __restrict__ down, const float* __restrict__ w,
                                    int k, int per_token, const float* __restrict__ gate_logit,
-                                   int64_t hidden, float* __restrict__ out) {
+                                   int64_t hidden, float* __restrict__ out,
+                                   const int32_t* __restrict__ pos) {
   pdl_begin();
   const int64_t t = blockIdx.x;
   // Columns spread over blockIdx.y too: one token's row is a few KB, one block alone waited
@@ -41,9 +46,13 @@ __global__ void moe_combine_kernel(const float* __restrict__ down, const float* 
   for (int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; c < hidden;
        c += static_cast<int64_t>(gridDim.y) * blockDim.x) {
     float acc = 0.0f;
-    const float* d = down + t * per_token * hidden + c;
-    for (int j = 0; j < k; ++j) acc += w[t * k + j] * d[j * hidden];
-    if (per_token > k) acc += d[k * hidden] * sigmoid_f(gate_logit[t]);
+    if (pos != nullptr) {
+      for (int j = 0; j < k; ++j) acc += w[t * k + j] * down[pos[t * k + j] * hidden + c];
+    } else {
+      const float* d = down + t * per_token * hidden + c;
+      for (int j = 0; j < k; ++j) acc += w[t * k + j] * d[j * hidden];
+      if (per_token > k) acc += d[k * hidden] * sigmoid_f(gate_logit[t]);
+    }
     out[t * hidden + c] = acc;
   }
 }
@@ -58,14 +67,16 @@ __global__ void scatter_rows_kernel(const float* __restrict__ src, int64_t dim,
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) d[c] = s[c];
 }
 
-// Average slots per expert from which the grouped form pays for its launches (about 25 per
-// expert: 15 ms per 35B-A3B layer, 0.6 s a prompt, then 0.135 ms per token for the whole
-// model). The 4-bit slot kernels cost about 0.256 ms per token for the whole model (H200,
-// warm: 512 tokens in 0.131 s; grouped 1,024 / 2,048 / 4,096 / 8,192 tokens in 0.72 / 0.90 /
-// 1.17 / 1.72 s), so they cross near 5,000 tokens: 4-bit experts group from 160 slots per
-// expert (5,120 tokens of the 35B-A3B). The per-slot SIMT GEMVs of other formats are slower per
-// slot and group from 8.
-constexpr int64_t kGroupedSlotsPerExpertQ4 = 160;
+// Average slots per expert from which 4-bit experts take the chunked form (moe_chunks: rows
+// grouped by expert on the host, each expert's weights read once per 64 rows by the wide
+// tensor-core GEMV, about 7 launches per piece of rows) instead of the slot kernels, which read
+// an expert's weights once per slot. H200, 35B-A3B (8 of 256 experts), whole prefill, chunked
+// against slots: 128 tokens 1,662 / 2,986 tok/s, 512 3,924 / 4,094, 1,024 5,319 / 4,258, 2,048
+// 6,467 / 4,380: they cross between 16 and 32 slots per expert.
+constexpr int64_t kChunkedSlotsPerExpertQ4 = 24;
+// Other formats: the grouped form (moe_grouped: about 25 launches per expert through linear,
+// 15 ms per 35B-A3B-shaped layer before any arithmetic) from 8 slots per expert; their per-slot
+// SIMT GEMVs are slower per slot than the 4-bit slot kernels.
 constexpr int64_t kGroupedSlotsPerExpert = 8;
 
 }  // namespace
@@ -76,11 +87,12 @@ namespace tokenmill {
 namespace {
 
 void combine(const float* dn, const float* weights, int64_t n, int k, int per_token,
-             const float* gate_logit, int64_t hidden, float* out, cudaStream_t st) {
+             const float* gate_logit, int64_t hidden, float* out, cudaStream_t st,
+             const int32_t* pos = nullptr) {
   const dim3 grid(static_cast<unsigned>(n),
                   static_cast<unsigned>(std::min<int64_t>((hidden + 255) / 256, 65535)));
   cuda::launch_pdl(cuda::moe_combine_kernel, grid, 256, 0, st, dn, weights, k, per_token,
-                   gate_logit, hidden, out);
+                   gate_logit, hidden, out, pos);
   TM_CUDA_LAUNCHED();
 }
 
@@ -116,13 +128,17 @@ void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, cons
     };
     fuse_shared = same(sg, mg) && same(su, mu) && same(sd, md);
   }
-  if (n * k >= (q4 ? cuda::kGroupedSlotsPerExpertQ4 : cuda::kGroupedSlotsPerExpert) * E) {
-    const int64_t shared_inter = shared != nullptr ? shared->gate->rows : 0;
-    if (moe_grouped(x, n, k, ids, weights, gate, up, down, out, scratch,
-                    moe_scratch_floats(n, k, inter, shared_inter, hidden))) {
-      if (shared != nullptr) add_shared_expert(x, n, *shared, out, scratch);
-      return;
-    }
+  const int64_t shared_inter = shared != nullptr ? shared->gate->rows : 0;
+  const int64_t scratch_floats = moe_scratch_floats(n, k, inter, shared_inter, hidden);
+  if (q4 && n * k >= cuda::kChunkedSlotsPerExpertQ4 * E &&
+      moe_chunks(x, n, k, ids, weights, mg, mu, md, out, scratch, scratch_floats)) {
+    if (shared != nullptr) add_shared_expert(x, n, *shared, out, scratch);
+    return;
+  }
+  if (!q4 && n * k >= cuda::kGroupedSlotsPerExpert * E &&
+      moe_grouped(x, n, k, ids, weights, gate, up, down, out, scratch, scratch_floats)) {
+    if (shared != nullptr) add_shared_expert(x, n, *shared, out, scratch);
+    return;
   }
   const int per_token = k + (fuse_shared ? 1 : 0);
   // The 4-bit slot kernels take as many tokens at once as their activation workspace holds;
@@ -265,6 +281,113 @@ bool CudaBackend::moe_grouped(const float* x, int64_t n, int k, const int32_t* i
     TM_CUDA_LAUNCHED();
   }
   combine(dn, weights, n, k, k, nullptr, hidden, out, stream_);
+  return true;
+}
+
+}  // namespace tokenmill
+
+namespace tokenmill {
+
+bool CudaBackend::moe_chunks(const float* x, int64_t n, int k, const int32_t* ids,
+                             const float* weights, const cuda::DevMat& mg, const cuda::DevMat& mu,
+                             const cuda::DevMat& md, float* out, float* scratch,
+                             int64_t scratch_floats) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TM_CUDA(cudaStreamIsCapturing(stream_, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return false;  // no host sync inside a recording
+  const int64_t E = mg.experts, hidden = mg.cols, inter = mg.rows, slots = n * k;
+  if (slots > INT32_MAX / 2) return false;
+  constexpr int64_t kRows = cuda::kQ4GemvMaxRows;  // rows per chunk
+  const int64_t max_chunks = slots / kRows + E;
+  // Scratch: the down rows in expert order [slots, hidden]; the index lists (the token of each
+  // row in expert order, each slot's row, the chunks); then one piece's gathered rows [P,
+  // hidden] and its gate and up outputs [P, inter] each. Parts 16-byte aligned.
+  const auto al4 = [](int64_t f) { return (f + 3) / 4 * 4; };
+  const int64_t o_idx = al4(slots * hidden), o_piece = o_idx + al4(2 * slots) + 4 * max_chunks;
+  const int64_t per_row = al4(hidden) + 2 * al4(inter);
+  int64_t piece = (scratch_floats - o_piece) / per_row;
+  // A piece's prepared activations fit the GEMV workspace (16 MB: about 1,900 rows of 2,048).
+  // That also keeps them in L2, which the wide kernel rereads them from for every 16-row weight
+  // tile: pieces of 8,192 rows (64 MB) made the 35B-A3B's 8k prefill 13% slower (measured).
+  while (piece >= kRows && (cuda::q4_act_bytes(piece, hidden, mg.group) > gemv_ws_.act_bytes ||
+                            cuda::q4_act_bytes(piece, inter, md.group) > gemv_ws_.act_bytes)) {
+    piece = piece * 7 / 8;
+  }
+  if (piece < kRows) return false;
+  const cuda::GemvWorkspace& ws = gemv_ws_;
+  float* dn = scratch;
+  auto* d_tok = reinterpret_cast<int32_t*>(scratch + o_idx);
+  int32_t* d_pos = d_tok + slots;
+  int32_t* d_chunks = reinterpret_cast<int32_t*>(scratch + o_idx + al4(2 * slots));
+  float* xp = scratch + o_piece;
+  float* gp = xp + piece * al4(hidden);
+  float* upp = gp + piece * al4(inter);
+
+  std::vector<int32_t> h_ids(static_cast<size_t>(slots));
+  download(h_ids.data(), ids, h_ids.size() * sizeof(int32_t));
+  // Counting sort by expert, stable: each expert's slots in slot order.
+  std::vector<int64_t> start(static_cast<size_t>(E) + 1, 0);
+  for (int64_t s = 0; s < slots; ++s) {
+    const int32_t e = h_ids[static_cast<size_t>(s)];
+    if (e < 0 || e >= E) {
+      const std::string msg = "moe: routing id " + std::to_string(e) + " of slot " +
+                              std::to_string(s) + " is outside 0.." + std::to_string(E - 1);
+      TM_CUDA_REQUIRE(false, msg.c_str());
+    }
+    ++start[static_cast<size_t>(e) + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
+  // Host lists: token of each row in expert order, row of each slot, then the chunks.
+  std::vector<int32_t> lists(static_cast<size_t>(o_piece - o_idx), 0);
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t s = 0; s < slots; ++s) {
+    const int64_t at = fill[static_cast<size_t>(h_ids[static_cast<size_t>(s)])]++;
+    lists[static_cast<size_t>(at)] = static_cast<int32_t>(s / k);
+    lists[static_cast<size_t>(slots + s)] = static_cast<int32_t>(at);
+  }
+  // Chunks of up to kRows rows of one expert; pieces are runs of chunks of at most `piece`
+  // rows, and a chunk's first row counts from its piece's first row.
+  struct Piece {
+    int64_t row0, rows, chunk0, chunks;
+  };
+  std::vector<Piece> pieces;
+  int32_t* hc = lists.data() + al4(2 * slots);
+  int64_t nc = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = start[e]; r < start[e + 1]; r += kRows) {
+      const int64_t rows = std::min(kRows, start[e + 1] - r);
+      if (pieces.empty() || pieces.back().rows + rows > piece) pieces.push_back({r, 0, nc, 0});
+      Piece& p = pieces.back();
+      hc[4 * nc] = static_cast<int32_t>(e);
+      hc[4 * nc + 1] = static_cast<int32_t>(r - p.row0);
+      hc[4 * nc + 2] = static_cast<int32_t>(rows);
+      p.rows += rows;
+      ++p.chunks;
+      ++nc;
+    }
+  }
+  upload(d_tok, lists.data(), (al4(2 * slots) + 4 * nc) * sizeof(int32_t));
+
+  for (const Piece& p : pieces) {
+    const int32_t* pc = d_chunks + 4 * p.chunk0;
+    gather_rows(x, static_cast<int>(hidden), d_tok + p.row0, static_cast<int>(p.rows), xp);
+    const cuda::Q4Act ax = cuda::launch_q4_prepare(stream_, xp, hidden, p.rows, hidden, mg.group,
+                                                   cuda::Q4Operands::kF16, ws);
+    cuda::GemvJobs gu;
+    gu.m[0] = mg, gu.m[1] = mu;
+    gu.out[0] = gp, gu.out[1] = upp;
+    gu.count = 2;
+    cuda::launch_q4_gemv_chunks(stream_, gu, ax, pc, p.chunks, ws);
+    silu_mul(gp, upp, gp, p.rows * inter);
+    const cuda::Q4Act aa = cuda::launch_q4_prepare(stream_, gp, inter, p.rows, inter, md.group,
+                                                   cuda::Q4Operands::kF16, ws);
+    cuda::GemvJobs dj;
+    dj.m[0] = md;
+    dj.out[0] = dn + p.row0 * hidden;
+    dj.count = 1;
+    cuda::launch_q4_gemv_chunks(stream_, dj, aa, pc, p.chunks, ws);
+  }
+  combine(dn, weights, n, k, k, nullptr, hidden, out, stream_, d_pos);
   return true;
 }
 

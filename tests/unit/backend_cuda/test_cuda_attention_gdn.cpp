@@ -199,9 +199,11 @@ TEST_F(CudaAttention, Bf16CacheMatchesCpu) {
 
 // Prefill rows (the tensor-core kernel): three sequences, one starting fresh with 200 tokens,
 // one adding 77 after 45 cached, one adding a single token after 130; GQA groups of 1, 2, 6
-// and 8, head_dim 32 to 256, F32 and BF16 caches; against the CPU over the same cache.
+// and 8, head_dim 32 to 256, F32 and BF16 caches; against the CPU over the same cache. The
+// same with PrefillPrecision::kFast, within F16's error.
 TEST_F(CudaAttention, PrefillMatchesCpu) {
   Rng rng(27);
+  std::unique_ptr<Backend> fast = make_cuda_backend(0, PrefillPrecision::kFast);
   struct Geo {
     int D, heads, kv_heads;
     DType dtype;
@@ -240,8 +242,26 @@ TEST_F(CudaAttention, PrefillMatchesCpu) {
       cpu->attention(kv, st.pg, st.seqs, q.data(), heads, scale, want.data());
       gpu->set_attention_workspace(nullptr, 0);
       float* dout = poisoned(want.size());
-      gpu->attention(dkv, st.dpg, st.dseqs, up(q), heads, scale, dout);
+      float* dq = up(q);
+      gpu->attention(dkv, st.dpg, st.dseqs, dq, heads, scale, dout);
       got = down(dout, want.size());
+      // PrefillPrecision::kFast on the same cache: one F16 pass per product, so F16's error
+      // (about 1e-3 of the output's scale) where the exact kernel has F32's (1e-6).
+      float* fout = poisoned(want.size());
+      gpu->synchronize();  // the cache, q and fout are written on gpu's stream
+      fast->attention(dkv, st.dpg, st.dseqs, dq, heads, scale, fout);
+      fast->synchronize();
+      const std::vector<float> fgot = down(fout, want.size());
+      const std::string what = "prefill attention D=" + std::to_string(D) +
+                               " heads=" + std::to_string(heads) + (bf16 ? " bf16" : " f32");
+      expect_close(fgot, want, 2e-2, "fast " + what);
+      double ss = 0, worst = 0;
+      for (float w : want) ss += double{w} * w;
+      const double rms = std::sqrt(ss / static_cast<double>(want.size()));
+      for (size_t i = 0; i < want.size(); ++i) {
+        worst = std::max(worst, std::fabs(double{fgot[i]} - want[i]) / rms);
+      }
+      EXPECT_GT(worst, 1e-5) << "fast " << what << ": F32-accurate, so the exact kernel ran";
     }
     expect_close(got, want, 1e-5,
                  "prefill attention D=" + std::to_string(D) + " heads=" + std::to_string(heads) +

@@ -368,11 +368,11 @@ TEST_F(CudaLinear, Q4DecodeKeepsF32AccuracyOverWideRanges) {
   }
 }
 
-// PrefillGemm::kFast: one F16 pass. Its error is F16's (2^-11 relative per operand, summed over
-// K terms: about 1e-3 of the output's rms) where the exact mode's is F32's (1e-6), so both bounds
-// show the fast pass is the one taken; decode (n <= 16) stays exact.
-TEST_F(CudaLinear, FastPrefillGemmIsOneF16Pass) {
-  std::unique_ptr<Backend> fast = make_cuda_backend(0, PrefillGemm::kFast);
+// PrefillPrecision::kFast: one F16 pass. Its error is F16's (2^-11 relative per operand, summed
+// over K terms: about 1e-3 of the output's rms) where the exact mode's is F32's (1e-6), so both
+// bounds show the fast pass is the one taken; decode (n <= 16) stays exact.
+TEST_F(CudaLinear, FastPrefillPrecisionIsOneF16Pass) {
+  std::unique_ptr<Backend> fast = make_cuda_backend(0, PrefillPrecision::kFast);
   Rng rng(12);
   for (bool quantized : {true, false}) {
     HostWeight hw = quantized ? affine_weight(rng, 4, 64, DType::BF16, 300, 1024, 0)

@@ -77,8 +77,8 @@ TEST_F(CudaMoe, MatchesCpu) {
       sg.w.experts = su.w.experts = sd.w.experts = 0;
       const Weight dsg = gpu->upload_weight(sg.w), dsu = gpu->upload_weight(su.w),
                    dsd = gpu->upload_weight(sd.w);
-      // The grouped form: n = 40, 200 and 500 (8 slots per expert and more), 4-bit only at 500
-      // (160 and more); at 200 and 500 with GEMMs of more than 64 rows.
+      // Grouped by expert: 4-bit from n = 200 (64-row chunks in pieces of rows, two pieces at
+      // 500), other formats from 40 (per-expert GEMMs of more than 64 rows at 200 and 500).
       for (int64_t n : {1, 5, 40, 200, 500}) {
         const std::string what = "moe bits " + std::to_string(bits) + " shared " +
                                  std::to_string(shared_inter) + " n=" + std::to_string(n);
@@ -114,13 +114,13 @@ TEST_F(CudaMoe, MatchesCpu) {
   }
 }
 
-// More tokens than the 4-bit slot kernels' activation workspace holds (1,024-wide rows) but too
-// few slots per expert for the grouped form: the slot kernels run in pieces of tokens, with
-// the shared expert as a slot.
+// More tokens than the 4-bit slot kernels' activation workspace holds (8,192-wide rows) but too
+// few slots per expert for the chunked form (600 slots over 160 experts): the slot kernels run
+// in pieces of tokens, with the shared expert as a slot.
 TEST_F(CudaMoe, LongBatchRunsSlotKernelsInPieces) {
   Rng rng(32);
-  const int64_t E = 64, hidden = 1024, inter = 128, n = 4500;
-  const int k = 2;
+  const int64_t E = 160, hidden = 8192, inter = 32, n = 600;
+  const int k = 1;
   Experts g = make_experts(rng, 4, E, inter, hidden), u = make_experts(rng, 4, E, inter, hidden),
           d = make_experts(rng, 4, E, hidden, inter);
   Experts sg = make_experts(rng, 4, 1, inter, hidden), su = make_experts(rng, 4, 1, inter, hidden),
@@ -143,7 +143,7 @@ TEST_F(CudaMoe, LongBatchRunsSlotKernelsInPieces) {
            scratch.data());
   float* dout = poisoned(want.size());
   gpu->moe(up(x), n, k, up(ids), up(w), dg, du, dd, &gpu_shared, dout, poisoned(scratch.size()));
-  expect_close(down(dout, want.size()), want, 1e-4, "moe q4 n=4500 in pieces");
+  expect_close(down(dout, want.size()), want, 1e-4, "moe q4 n=600 in pieces");
 }
 
 }  // namespace
