@@ -163,6 +163,14 @@ class CudaBackend final : public Backend {
   void moe_routed_indexed(const float* x, int64_t n, int k, const int32_t* ids,
                           const float* weights, const cuda::DevMat& gate, const cuda::DevMat& up,
                           const cuda::DevMat& down, float* out, float* scratch);
+  // The routing ids of `slots` slots brought to the host and counting-sorted by expert
+  // (stable): expert e's slots are slot_at[start[e] .. start[e+1]). Fails on an id outside
+  // 0..E-1. The one host sync of the prefill MoE forms.
+  struct ExpertOrder {
+    std::vector<int64_t> start;    // [E + 1]
+    std::vector<int32_t> slot_at;  // [slots]
+  };
+  ExpertOrder expert_order(const int32_t* ids, int64_t slots, int64_t E);
   // moe's prefill form for 4-bit experts: rows grouped by expert on the host, then per piece of
   // rows one wide-GEMV launch per projection over chunks of up to 64 rows of one expert. False
   // (nothing done) while a stream capture runs or the scratch is short.

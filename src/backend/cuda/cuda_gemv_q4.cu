@@ -397,6 +397,25 @@ bool q4_mma_eligible(const DevMat& m) {
          reinterpret_cast<uintptr_t>(m.scales) % 16 == 0;
 }
 
+namespace {
+
+// Checks that every job's matrix matches the prepared activations and numbers their 16-row
+// tiles one after another (jobs.first_tile); returns the tiles of all jobs.
+int64_t set_first_tiles(GemvJobs& jobs, const Q4Act& act) {
+  int64_t tiles = 0;
+  for (int j = 0; j < jobs.count; ++j) {
+    TM_CUDA_REQUIRE(q4_mma_eligible(jobs.m[j]) && jobs.m[j].group == act.group &&
+                        jobs.m[j].cols == act.ld / 2 && jobs.m[j].sdtype == jobs.m[0].sdtype,
+                    "q4 gemv: matrices must match the prepared activations");
+    jobs.first_tile[j] = tiles;
+    tiles += (jobs.m[j].rows + 15) / 16;
+  }
+  jobs.first_tile[jobs.count] = tiles;
+  return tiles;
+}
+
+}  // namespace
+
 void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, const Q4Slots& sl,
                     int64_t slots, const GemvWorkspace& ws) {
   const int32_t* ids = sl.ids;
@@ -416,15 +435,7 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
   TM_CUDA_REQUIRE(ids != nullptr || (n >= 1 && n <= kQ4GemvMaxRows),
                   "q4 gemv: 1..64 activation rows");
   TM_CUDA_REQUIRE(ids == nullptr || slots >= 1, "q4 gemv: no slots");
-  int64_t tiles_per_slot = 0;
-  for (int j = 0; j < jobs.count; ++j) {
-    TM_CUDA_REQUIRE(q4_mma_eligible(jobs.m[j]) && jobs.m[j].group == act.group &&
-                        jobs.m[j].cols == act.ld / 2 && jobs.m[j].sdtype == jobs.m[0].sdtype,
-                    "q4 gemv: matrices must match the prepared activations");
-    jobs.first_tile[j] = tiles_per_slot;
-    tiles_per_slot += (jobs.m[j].rows + 15) / 16;
-  }
-  jobs.first_tile[jobs.count] = tiles_per_slot;
+  const int64_t tiles_per_slot = set_first_tiles(jobs, act);
   const int64_t tiles = tiles_per_slot * (ids ? slots : 1);
   if (act.operands == Q4Operands::kDigits) {
     launch_q4d_gemv_kernel(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
@@ -463,15 +474,7 @@ void launch_q4_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, con
                   "q4 gemv chunks: 1..4 matrices and at least one chunk");
   TM_CUDA_REQUIRE(act.operands == Q4Operands::kF16 && reinterpret_cast<uintptr_t>(chunks) % 16 == 0,
                   "q4 gemv chunks: F16 operands and a 16-byte aligned chunk list");
-  int64_t tiles_per_chunk = 0;
-  for (int j = 0; j < jobs.count; ++j) {
-    TM_CUDA_REQUIRE(q4_mma_eligible(jobs.m[j]) && jobs.m[j].group == act.group &&
-                        jobs.m[j].cols == act.ld / 2 && jobs.m[j].sdtype == jobs.m[0].sdtype,
-                    "q4 gemv chunks: matrices must match the prepared activations");
-    jobs.first_tile[j] = tiles_per_chunk;
-    tiles_per_chunk += (jobs.m[j].rows + 15) / 16;
-  }
-  jobs.first_tile[jobs.count] = tiles_per_chunk;
+  const int64_t tiles_per_chunk = set_first_tiles(jobs, act);
   jobs.shared_offset = 0;
   const int64_t tiles = tiles_per_chunk * n_chunks;
   switch (act.group) {

@@ -221,6 +221,30 @@ void CudaBackend::moe_routed_indexed(const float* x, int64_t n, int k, const int
 
 namespace tokenmill {
 
+CudaBackend::ExpertOrder CudaBackend::expert_order(const int32_t* ids, int64_t slots, int64_t E) {
+  std::vector<int32_t> h_ids(static_cast<size_t>(slots));
+  download(h_ids.data(), ids, h_ids.size() * sizeof(int32_t));
+  ExpertOrder o;
+  o.start.assign(static_cast<size_t>(E) + 1, 0);
+  for (int64_t s = 0; s < slots; ++s) {
+    const int32_t e = h_ids[static_cast<size_t>(s)];
+    if (e < 0 || e >= E) {
+      const std::string msg = "moe: routing id " + std::to_string(e) + " of slot " +
+                              std::to_string(s) + " is outside 0.." + std::to_string(E - 1);
+      TM_CUDA_REQUIRE(false, msg.c_str());
+    }
+    ++o.start[static_cast<size_t>(e) + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) o.start[e + 1] += o.start[e];
+  o.slot_at.resize(static_cast<size_t>(slots));
+  std::vector<int64_t> fill(o.start.begin(), o.start.end() - 1);
+  for (int64_t s = 0; s < slots; ++s) {
+    o.slot_at[static_cast<size_t>(fill[static_cast<size_t>(h_ids[static_cast<size_t>(s)])]++)] =
+        static_cast<int32_t>(s);
+  }
+  return o;
+}
+
 bool CudaBackend::moe_grouped(const float* x, int64_t n, int k, const int32_t* ids,
                               const float* weights, const Weight& gate, const Weight& up,
                               const Weight& down, float* out, float* scratch,
@@ -244,26 +268,13 @@ bool CudaBackend::moe_grouped(const float* x, int64_t n, int k, const int32_t* i
   auto* d_tok = reinterpret_cast<int32_t*>(scratch + o_idx);
   int32_t* d_slot = d_tok + slots;
 
-  std::vector<int32_t> h_ids(static_cast<size_t>(slots));
-  download(h_ids.data(), ids, h_ids.size() * sizeof(int32_t));
-  // Counting sort by expert, stable: each expert's slots in slot order.
-  std::vector<int64_t> start(static_cast<size_t>(E) + 1, 0);
-  for (int64_t s = 0; s < slots; ++s) {
-    const int32_t e = h_ids[static_cast<size_t>(s)];
-    if (e < 0 || e >= E) {
-      const std::string msg = "moe: routing id " + std::to_string(e) + " of slot " +
-                              std::to_string(s) + " is outside 0.." + std::to_string(E - 1);
-      TM_CUDA_REQUIRE(false, msg.c_str());
-    }
-    ++start[static_cast<size_t>(e) + 1];
-  }
-  for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
+  const ExpertOrder order = expert_order(ids, slots, E);
+  const std::vector<int64_t>& start = order.start;
   std::vector<int32_t> lists(static_cast<size_t>(2 * slots));
-  std::vector<int64_t> fill(start.begin(), start.end() - 1);
-  for (int64_t s = 0; s < slots; ++s) {
-    const int64_t at = fill[static_cast<size_t>(h_ids[static_cast<size_t>(s)])]++;
-    lists[static_cast<size_t>(at)] = static_cast<int32_t>(s / k);
-    lists[static_cast<size_t>(slots + at)] = static_cast<int32_t>(s);
+  for (int64_t at = 0; at < slots; ++at) {
+    const int32_t s = order.slot_at[static_cast<size_t>(at)];
+    lists[static_cast<size_t>(at)] = s / k;
+    lists[static_cast<size_t>(slots + at)] = s;
   }
   upload(d_tok, lists.data(), lists.size() * sizeof(int32_t));
 
@@ -323,26 +334,13 @@ bool CudaBackend::moe_chunks(const float* x, int64_t n, int k, const int32_t* id
   float* gp = xp + piece * al4(hidden);
   float* upp = gp + piece * al4(inter);
 
-  std::vector<int32_t> h_ids(static_cast<size_t>(slots));
-  download(h_ids.data(), ids, h_ids.size() * sizeof(int32_t));
-  // Counting sort by expert, stable: each expert's slots in slot order.
-  std::vector<int64_t> start(static_cast<size_t>(E) + 1, 0);
-  for (int64_t s = 0; s < slots; ++s) {
-    const int32_t e = h_ids[static_cast<size_t>(s)];
-    if (e < 0 || e >= E) {
-      const std::string msg = "moe: routing id " + std::to_string(e) + " of slot " +
-                              std::to_string(s) + " is outside 0.." + std::to_string(E - 1);
-      TM_CUDA_REQUIRE(false, msg.c_str());
-    }
-    ++start[static_cast<size_t>(e) + 1];
-  }
-  for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
+  const ExpertOrder order = expert_order(ids, slots, E);
+  const std::vector<int64_t>& start = order.start;
   // Host lists: token of each row in expert order, row of each slot, then the chunks.
   std::vector<int32_t> lists(static_cast<size_t>(o_piece - o_idx), 0);
-  std::vector<int64_t> fill(start.begin(), start.end() - 1);
-  for (int64_t s = 0; s < slots; ++s) {
-    const int64_t at = fill[static_cast<size_t>(h_ids[static_cast<size_t>(s)])]++;
-    lists[static_cast<size_t>(at)] = static_cast<int32_t>(s / k);
+  for (int64_t at = 0; at < slots; ++at) {
+    const int32_t s = order.slot_at[static_cast<size_t>(at)];
+    lists[static_cast<size_t>(at)] = s / k;
     lists[static_cast<size_t>(slots + s)] = static_cast<int32_t>(at);
   }
   // Chunks of up to kRows rows of one expert; pieces are runs of chunks of at most `piece`
