@@ -190,6 +190,10 @@ class Backend {
   virtual void sigmoid_mul(float* x, const float* gate, int64_t n) = 0;  // x *= sigmoid(gate)
   // x[r, :] *= sigmoid(gate[r]) for a gate column per row: used by the shared-expert gate.
   virtual void scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) = 0;
+  // out[r] = argmax of x[r, :cols] (util/argmax.h: the lowest index of the largest value, NaN
+  // skipped except at index 0) for r < rows. Greedy decoding then downloads one id per row
+  // instead of rows x vocab logits and scanning them on the host.
+  virtual void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out) = 0;
 
   // ---- matrices ----
   // out[n, w.rows] = x[n, w.cols] @ W^T (F32 accumulation). For stacked weights, `expert`

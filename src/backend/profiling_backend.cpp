@@ -71,6 +71,9 @@ void ProfilingBackend::sigmoid_mul(float* x, const float* gate, int64_t n) {
 void ProfilingBackend::scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) {
   timed("scale_rows_sigmoid", rows, [&] { in_.scale_rows_sigmoid(x, gate, rows, dim); });
 }
+void ProfilingBackend::argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out) {
+  timed("argmax_rows", rows, [&] { in_.argmax_rows(x, rows, cols, out); });
+}
 void ProfilingBackend::linear(const float* x, int64_t n, const Weight& w, float* out, int expert) {
   timed("linear " + weight_label(w), n, [&] { in_.linear(x, n, w, out, expert); });
 }

@@ -40,7 +40,8 @@ struct Engine::Impl {
   std::deque<std::unique_ptr<Sequence>> waiting;
   std::vector<std::unique_ptr<Sequence>> running;
   std::vector<float> logits;
-  std::vector<float> work;  // the logits a sampler may modify (penalties, masks)
+  std::vector<int32_t> greedy_ids;  // a step's argmax per logit row (Model::forward_greedy)
+  std::vector<float> work;          // the logits a sampler may modify (penalties, masks)
   std::vector<uint8_t> allowed;
   std::thread thread;
 
@@ -267,7 +268,21 @@ void Engine::Impl::step() {
     bool score_prompt = s.req.prompt_logprobs >= 0 && s.cached < s.prompt_len && !s.prompt_scored;
     batch.add_sequence(ids, s.cached, s.slot, s.blocks, score_prompt);
   }
-  model.forward(batch, cache->views(), &logits);
+  // A step whose every row is a plain greedy pick (no logprobs, prompt scoring or constraint)
+  // takes only the argmax ids from the device, not rows x vocab logits.
+  bool ids_only = true;
+  for (const StepEntry& e : plan.entries) {
+    const Sequence& s = *e.seq;
+    if (s.req.prompt_logprobs >= 0 || s.req.sampling.logprobs >= 0 || s.req.constraint ||
+        !s.sampler->plain_greedy()) {
+      ids_only = false;
+    }
+  }
+  if (ids_only) {
+    model.forward_greedy(batch, cache->views(), &greedy_ids);
+  } else {
+    model.forward(batch, cache->views(), &logits);
+  }
   const int V = static_cast<int>(model.config().vocab_size);
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -295,8 +310,8 @@ void Engine::Impl::step() {
       --row;  // the last row is also the sampling row below
       if (s.cached >= s.prompt_len) s.prompt_scored = true;
     }
-    const float* lrow = &logits[row * V];
-    ++row;
+    const size_t this_row = row++;
+    const float* lrow = ids_only ? nullptr : &logits[this_row * V];
     if (s.cached < static_cast<int>(s.tokens.size())) continue;  // prefill not finished
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -326,7 +341,9 @@ void Engine::Impl::step() {
         s.req.constraint->mask(allowed);
         mask = allowed.data();
       }
-      if (mask == nullptr && s.sampler->plain_greedy()) {
+      if (ids_only) {
+        tok = greedy_ids[this_row];
+      } else if (mask == nullptr && s.sampler->plain_greedy()) {
         tok = argmax(lrow, V);  // what sample() returns, without copying the logits
       } else {
         work.assign(lrow, lrow + V);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/request.h"
+#include "util/argmax.h"
 
 namespace tokenmill {
 
@@ -41,10 +42,6 @@ class Sampler {
   std::unordered_map<int32_t, int> output_counts_;
   std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
 };
-
-// Index of the largest logit, the lowest index among equals (std::max_element's choice, NaN
-// included), with independent partial maxima (several times faster over a large vocabulary).
-int32_t argmax(const float* logits, int vocab);
 
 // Raw log-softmax of `logits` at `token`, and the top `k` entries (k may be 0).
 float token_logprob(const float* logits, int vocab, int32_t token, int k,

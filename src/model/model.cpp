@@ -49,6 +49,7 @@ struct Model::Scratch {
   size_t attn_ws_floats = 0;
   // Index arrays in backend memory.
   int32_t *tokens, *positions, *cu_seqlens, *context_lens, *slots, *block_tables, *logit_rows;
+  int32_t* greedy;  // forward_greedy's ids, one per logit row
   SeqLayout seqs;
   KVPaging paging;
 };
@@ -170,7 +171,7 @@ bool Model::ensure_scratch(int T, int n_seqs, int R, int max_blocks, int block_s
   s.attn_ws_floats = static_cast<size_t>(attn_ws_floats);
 
   size_t idx = static_cast<size_t>(T) * 2 + (n_seqs + 1) + n_seqs * 2 +
-               static_cast<size_t>(n_seqs) * max_blocks + R;
+               static_cast<size_t>(n_seqs) * max_blocks + 2 * static_cast<size_t>(R);
   idx *= 4;
   if (idx > s.index_bytes) {
     moved = true;
@@ -192,6 +193,8 @@ bool Model::ensure_scratch(int T, int n_seqs, int R, int max_blocks, int block_s
   s.block_tables = p;
   p += static_cast<size_t>(n_seqs) * max_blocks;
   s.logit_rows = p;
+  p += R;
+  s.greedy = p;
   return moved;
 }
 
@@ -222,6 +225,28 @@ void check_batch(const Batch& b, const ModelConfig& cfg) {
 
 void Model::forward(const Batch& batch, const CacheViews& caches, std::vector<float>* logits,
                     std::vector<float>* hidden) {
+  const int R = run_batch(batch, caches, hidden != nullptr);
+  if (R == 0) return;
+  Scratch& s = *s_;
+  logits->resize(static_cast<size_t>(R) * cfg_.vocab_size);
+  backend_.download(logits->data(), s.logits, logits->size() * 4);
+  if (hidden != nullptr) {
+    hidden->resize(static_cast<size_t>(R) * cfg_.hidden_size);
+    backend_.download(hidden->data(), s.sel, hidden->size() * 4);
+  }
+}
+
+void Model::forward_greedy(const Batch& batch, const CacheViews& caches,
+                           std::vector<int32_t>* ids) {
+  const int R = run_batch(batch, caches, false);
+  ids->resize(static_cast<size_t>(R));
+  if (R == 0) return;
+  Scratch& s = *s_;
+  backend_.argmax_rows(s.logits, R, cfg_.vocab_size, s.greedy);
+  backend_.download(ids->data(), s.greedy, ids->size() * 4);
+}
+
+int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hidden) {
   check_batch(batch, cfg_);
   TM_CHECK(static_cast<int>(caches.kv.size()) == geo_.attention_layers &&
                static_cast<int>(caches.gdn.size()) == geo_.gdn_layers,
@@ -229,11 +254,10 @@ void Model::forward(const Batch& batch, const CacheViews& caches, std::vector<fl
   if (batch.keep_step_states) fail("per-token GDN state snapshots are not supported yet");
   const int T = batch.n_tokens(), n = batch.n_seqs();
   const int R = static_cast<int>(batch.logit_rows.size());
-  const int64_t H = cfg_.hidden_size;
   // Decode steps are recorded once per shape and replayed. The block-table width is rounded up
   // to a power of two (padding with -1) so a growing context re-records only log2 times.
   const bool record = options_.record_decode && backend_.can_record() && T == n && R == n &&
-                      hidden == nullptr && !batch.keep_step_states;
+                      !want_hidden && !batch.keep_step_states;
   const std::vector<int32_t>* tables = &batch.block_tables;
   int width = std::max(1, batch.max_blocks_per_seq);
   if (record) {
@@ -306,13 +330,7 @@ void Model::forward(const Batch& batch, const CacheViews& caches, std::vector<fl
   } else {
     run_layers(caches, T, R, batch.keep_step_states);
   }
-  if (R == 0) return;
-  logits->resize(static_cast<size_t>(R) * cfg_.vocab_size);
-  backend_.download(logits->data(), s.logits, logits->size() * 4);
-  if (hidden != nullptr) {
-    hidden->resize(static_cast<size_t>(R) * H);
-    backend_.download(hidden->data(), s.sel, hidden->size() * 4);
-  }
+  return R;
 }
 
 void Model::run_layers(const CacheViews& caches, int T, int R, bool keep_step_states) {

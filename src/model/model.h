@@ -60,6 +60,10 @@ class Model {
   // when hidden != nullptr, the final-normed hidden states of the same rows [rows, hidden].
   void forward(const Batch& batch, const CacheViews& caches, std::vector<float>* logits,
                std::vector<float>* hidden = nullptr);
+  // The same forward, but only each logit row's argmax leaves the device (util/argmax.h; ids
+  // [batch.logit_rows.size()] in host memory): what greedy decoding needs, without downloading
+  // and scanning rows x vocab logits on the host.
+  void forward_greedy(const Batch& batch, const CacheViews& caches, std::vector<int32_t>* ids);
 
   // Decode-step recordings made (and the host time spent making them) and replays run.
   struct RecordStats {
@@ -73,6 +77,9 @@ class Model {
   struct Scratch;
   // Returns true when it had to move the scratch (recordings that point into it are stale).
   bool ensure_scratch(int n_tokens, int n_seqs, int n_logit_rows, int max_blocks, int block_size);
+  // Uploads the batch and runs its ops (recorded or not); returns the logit rows (left in the
+  // scratch). want_hidden: the caller reads the final-normed hidden rows too.
+  int run_batch(const Batch& batch, const CacheViews& caches, bool want_hidden);
   // The op sequence of a forward over the uploaded batch (T tokens, R logit rows).
   void run_layers(const CacheViews& caches, int T, int R, bool keep_step_states);
   void forget_recordings();

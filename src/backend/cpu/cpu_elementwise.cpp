@@ -6,6 +6,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_simd.h"
+#include "util/argmax.h"
 #include "util/error.h"
 
 namespace tokenmill {
@@ -172,6 +173,11 @@ void CpuBackend::scale_rows_sigmoid(float* x, const float* gate, int64_t rows, i
         }
       },
       row_grain(dim));
+}
+
+void CpuBackend::argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out) {
+  TM_CHECK(cols >= 1 && cols <= INT32_MAX, "argmax_rows: rows of 1..2^31-1 values");
+  for (int64_t r = 0; r < rows; ++r) out[r] = argmax(x + r * cols, static_cast<int>(cols));
 }
 
 void CpuBackend::gdn_gates(const float* a, const float* b, const float* a_log, const float* dt_bias,

@@ -99,6 +99,7 @@ class CudaBackend final : public Backend {
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
   void sigmoid_mul(float* x, const float* gate, int64_t n) override;
   void scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) override;
+  void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out) override;
 
   void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) override;
   void rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h, int64_t rows,

@@ -182,6 +182,66 @@ __global__ void scale_rows_sigmoid_kernel(float* x, const float* __restrict__ ga
   for (int j = threadIdx.x; j < dim; j += blockDim.x) x[r * dim + j] *= s;
 }
 
+// One block per row. Each thread keeps the first index of its largest non-NaN value over a strided
+// walk (four 16-byte loads in flight when the row is 16-byte aligned); candidates merge by
+// value, then lower index, so the result is util/argmax.h's whatever the thread count.
+constexpr int kArgmaxThreads = 1024;
+__device__ __forceinline__ void argmax_take(float v, int i, float& bv, int& bi) {
+  if (v > bv || (v == bv && i < bi)) bv = v, bi = i;  // NaN compares false: skipped
+}
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_rows_kernel(const float* __restrict__ x, int cols, int32_t* __restrict__ out) {
+  pdl_begin();
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  float bv = -INFINITY;
+  int bi = INT_MAX;
+  int tail = 0;
+  if (reinterpret_cast<uintptr_t>(row) % 16 == 0) {
+    const int n4 = cols / 4;
+    const float4* r4 = reinterpret_cast<const float4*>(row);
+    for (int k = threadIdx.x; k < n4; k += 4 * blockDim.x) {
+      float4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int kk = k + u * static_cast<int>(blockDim.x);
+        v[u] = kk < n4 ? r4[kk] : make_float4(NAN, NAN, NAN, NAN);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = 4 * (k + u * static_cast<int>(blockDim.x));
+        argmax_take(v[u].x, i, bv, bi);
+        argmax_take(v[u].y, i + 1, bv, bi);
+        argmax_take(v[u].z, i + 2, bv, bi);
+        argmax_take(v[u].w, i + 3, bv, bi);
+      }
+    }
+    tail = 4 * n4;
+  }
+  for (int i = tail + threadIdx.x; i < cols; i += blockDim.x) argmax_take(row[i], i, bv, bi);
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    argmax_take(ov, oi, bv, bi);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) sv[warp] = bv, si[warp] = bi;
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = static_cast<int>(blockDim.x) / 32;
+    bv = lane < warps ? sv[lane] : -INFINITY;
+    bi = lane < warps ? si[lane] : INT_MAX;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      argmax_take(ov, oi, bv, bi);
+    }
+    // Index 0 when row[0] is NaN, or when every value is NaN (std::max_element's choice).
+    if (lane == 0) out[blockIdx.x] = row[0] != row[0] || bi == INT_MAX ? 0 : bi;
+  }
+}
+
 __global__ void gdn_gates_kernel(const float* __restrict__ a, const float* __restrict__ b,
                                  const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                                  float* __restrict__ g, float* __restrict__ beta, int64_t total,
@@ -369,6 +429,15 @@ void CudaBackend::scale_rows_sigmoid(float* x, const float* gate, int64_t rows, 
   if (rows <= 0) return;
   cuda::launch_pdl(cuda::scale_rows_sigmoid_kernel, static_cast<unsigned>(rows),
                    cuda::row_threads(dim), 0, stream_, x, gate, dim);
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out) {
+  TM_CUDA_REQUIRE(cols >= 1 && cols <= INT32_MAX / 2 && rows <= INT32_MAX,
+                  "argmax_rows: rows of 1..2^30 values");
+  if (rows <= 0) return;
+  cuda::launch_pdl(cuda::argmax_rows_kernel, static_cast<unsigned>(rows), cuda::kArgmaxThreads, 0,
+                   stream_, x, static_cast<int>(cols), out);
   TM_CUDA_LAUNCHED();
 }
 

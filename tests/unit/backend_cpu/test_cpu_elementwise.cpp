@@ -1,5 +1,8 @@
 // Normalisations and elementwise ops against double-precision formulas (1e-5 relative: one F32
 // reduction of <= 300 terms and a few roundings per element).
+#include <algorithm>
+#include <cmath>
+
 #include "backend/cpu/cpu_simd.h"
 #include "cpu_test_util.h"
 
@@ -147,6 +150,30 @@ TEST(CpuElementwise, MemoryOps) {
   w.data = src.data();
   EXPECT_EQ(be.upload_weight(w).data, src.data()) << "host weights are used in place";
   EXPECT_THROW(be.alloc(size_t{1} << 62), Error);
+}
+
+// argmax_rows is std::max_element per row: lowest index among equal maxima, NaN skipped except
+// at index 0 (the reference here is std::max_element itself, not util/argmax).
+TEST(CpuElementwise, ArgmaxRowsIsMaxElementPerRow) {
+  Backends b;
+  Rng rng(41);
+  for (int cols : {1, 3, 64, 1001}) {
+    const int rows = 6;
+    std::vector<float> x = rng.normals(static_cast<size_t>(rows) * cols);
+    for (float& v : x) v = std::round(v * 2.0f);                 // many ties
+    x[1 * cols] = NAN;                                           // row 1: NaN first
+    if (cols > 2) x[2 * cols + 2] = NAN;                         // row 2: NaN inside
+    for (int j = 0; j < cols; ++j) x[3 * cols + j] = -INFINITY;  // row 3: all -inf
+    for (CpuBackend* be : b.all()) {
+      std::vector<int32_t> got(rows, -1);
+      be->argmax_rows(x.data(), rows, cols, got.data());
+      for (int r = 0; r < rows; ++r) {
+        const float* row = x.data() + static_cast<size_t>(r) * cols;
+        EXPECT_EQ(got[r], std::max_element(row, row + cols) - row)
+            << "cols " << cols << " row " << r;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // backend. Tolerance 1e-5 relative: single F32 operations and row sums of <= 1000 terms in a
 // different order (expf/sinf may differ from glibc's by an ulp or two).
 #include <algorithm>
+#include <cmath>
 
 #include "cuda_test_util.h"
 
@@ -14,6 +15,29 @@ class CudaOps : public CudaVsCpu {};
 
 // Widths of the vectorized row kernels (dim % 4 == 0, up to 16384: 5120 is the 27B model's)
 // and of the scalar fallback (17, 16388).
+// The greedy pick per row on the device equals the CPU's (std::max_element's choice): rows of the
+// 248,320-token vocabulary, widths off the 16-byte path, ties across threads, NaN first and
+// inside, all -inf, and -0 against +0.
+TEST_F(CudaOps, ArgmaxRowsMatchesCpu) {
+  Rng rng(12);
+  for (int cols : {1, 5, 4096, 248320, 248321}) {
+    const int rows = 7;
+    std::vector<float> x = rng.normals(static_cast<size_t>(rows) * cols);
+    for (float& v : x) v = std::round(v * 3.0f);  // ties everywhere
+    const auto at = [&](int r, int j) -> float& { return x[static_cast<size_t>(r) * cols + j]; };
+    at(1, 0) = NAN;
+    if (cols > 3) at(2, cols / 2) = NAN;
+    for (int j = 0; j < cols; ++j) at(3, j) = -INFINITY;
+    for (int j = 0; j < cols; ++j) at(4, j) = j % 3 == 0 ? -0.0f : -1.0f;
+    if (cols > 7) at(4, 7) = 0.0f;  // +0 after -0 at index 0: index 0 wins
+    std::vector<int32_t> want(rows);
+    cpu->argmax_rows(x.data(), rows, cols, want.data());
+    int32_t* d = up(std::vector<int32_t>(rows, -1));
+    gpu->argmax_rows(up(x), rows, cols, d);
+    EXPECT_EQ(down(d, rows), want) << "cols " << cols;
+  }
+}
+
 TEST_F(CudaOps, Norms) {
   Rng rng(11);
   for (int dim : {16, 17, 128, 1000, 5120, 16388}) {

@@ -107,6 +107,34 @@ TEST_F(EngineTest, ConcurrentChunkedPreemptedEqualsReference) {
   }
 }
 
+// A step of plain greedy rows takes only the argmax ids from the backend (forward_greedy); a step
+// with a row that asks for logprobs downloads the logits. Both pick the reference's tokens,
+// alone and mixed in one step.
+TEST_F(EngineTest, GreedyIdsAndLogitsStepsAgree) {
+  Harness h(*dir_);
+  std::vector<std::vector<int32_t>> prompts, expect;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(random_ids(5 + 9 * i, h.vocab(), 300 + i));
+    expect.push_back(reference_greedy(h, prompts.back(), 10));
+  }
+  for (int with_logprobs : {-1, 0, 3}) {  // none, request 0 alone, every request
+    EngineOptions o;
+    o.max_seqs = 4;
+    o.memory_budget_bytes = 64 << 20;
+    Engine e(*h.model, o);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < 4; ++i) {
+      GenerationRequest r = greedy(prompts[i], 10);
+      if (with_logprobs == 3 || with_logprobs == i) r.sampling.logprobs = 0;
+      streams.push_back(e.submit(std::move(r)));
+    }
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(collect(*streams[i]).tokens, expect[i])
+          << "request " << i << " logprobs case " << with_logprobs;
+    }
+  }
+}
+
 TEST_F(EngineTest, PromptLogprobsMatchModel) {
   Harness h(*dir_);
   auto prompt = random_ids(40, h.vocab(), 5);

@@ -1,0 +1,13 @@
+// The greedy choice over a row of logits, shared by the sampler and the backends' argmax_rows.
+#pragma once
+
+#include <cstdint>
+
+namespace tokenmill {
+
+// Index of the largest logit, the lowest index among equals (std::max_element's choice, NaN
+// included: index 0 when logits[0] is NaN, NaN skipped elsewhere; -0 equals +0), with
+// independent partial maxima (several times faster over a large vocabulary).
+int32_t argmax(const float* logits, int vocab);
+
+}  // namespace tokenmill
