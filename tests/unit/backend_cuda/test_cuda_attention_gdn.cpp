@@ -62,9 +62,17 @@ class CudaAttention : public CudaVsCpu {
 TEST_F(CudaAttention, PagedCausalGqaTwoSteps) {
   Rng rng(21);
   // A wide block table (600 blocks of 16) makes the split kernel use longer splits, mostly past
-  // the contexts.
-  for (const auto& [D, max_blocks] : {std::pair{20, 16}, {128, 16}, {256, 16}, {128, 600}}) {
-    const int block_size = 16, kv_heads = 2, heads = 6, num_blocks = 40;
+  // the contexts. Blocks of 4 and 16 positions take the split kernel's one-read-per-step path,
+  // blocks of 6 its per-position lookups.
+  struct Case {
+    int D, max_blocks, block_size;
+  };
+  for (const Case& c : {Case{20, 16, 16}, Case{128, 16, 16}, Case{256, 16, 16}, Case{128, 600, 16},
+                        Case{128, 40, 6}, Case{256, 40, 4}}) {
+    const int D = c.D, max_blocks = c.max_blocks, block_size = c.block_size;
+    // Enough blocks per sequence for the 140 positions the steps reach, none shared.
+    const int per_seq = (140 + block_size - 1) / block_size, kv_heads = 2, heads = 6;
+    const int num_blocks = 4 * per_seq;
     const int64_t row = int64_t{kv_heads} * D;
     const size_t cache_n = static_cast<size_t>(num_blocks) * block_size * row;
     std::vector<float> kc = rng.normals(cache_n), vc = rng.normals(cache_n);
@@ -76,7 +84,7 @@ TEST_F(CudaAttention, PagedCausalGqaTwoSteps) {
     std::vector<int32_t> tables(static_cast<size_t>(S) * max_blocks, -1);
     size_t next_block = 0;
     for (int s = 0; s < S; ++s) {
-      for (int b = 0; b < 9; ++b)
+      for (int b = 0; b < per_seq; ++b)
         tables[static_cast<size_t>(s) * max_blocks + b] = phys[next_block++ % phys.size()];
     }
     float* dk = up(kc);
@@ -106,12 +114,16 @@ TEST_F(CudaAttention, PagedCausalGqaTwoSteps) {
       gpu->attention(dkv, dpg, dseqs, dq, heads, scale, dout);
       EXPECT_EQ(down(dk, cache_n), kc) << "k cache after append, D=" << D;
       EXPECT_EQ(down(dv, cache_n), vc) << "v cache after append, D=" << D;
-      expect_close(down(dout, want.size()), want, 1e-5, "attention D=" + std::to_string(D));
+      expect_close(down(dout, want.size()), want, 1e-5,
+                   "attention D=" + std::to_string(D) + " block " + std::to_string(block_size));
       // With a workspace, few query rows and head_dim a multiple of 128: split-context decoding.
       const std::vector<float> split =
           split_attention(dkv, st, dq, heads, scale, max_blocks * block_size, want.size());
       EXPECT_EQ(!split.empty(), D % 128 == 0) << "D=" << D;
-      if (!split.empty()) expect_close(split, want, 1e-5, "split attention D=" + std::to_string(D));
+      if (!split.empty())
+        expect_close(
+            split, want, 1e-5,
+            "split attention D=" + std::to_string(D) + " block " + std::to_string(block_size));
       for (int s = 0; s < S; ++s) prev[s] += add[s];
     }
   }
