@@ -179,6 +179,30 @@ void run_server(const ServeOptions& o) {
     }
     loaded.push_back(std::move(lm));
   }
+  // Each engine's options but its cache budget, which comes from the memory left below.
+  std::vector<EngineOptions> engine_options;
+  for (const server::ModelSettings& ms : settings.models) {
+    EngineOptions eo;
+    eo.max_seqs = settings.limits.max_seqs;
+    eo.max_step_tokens = steps.max_step_tokens;
+    eo.prefill_chunk = steps.prefill_chunk;
+    eo.prefer_decode = settings.limits.prefer_decode;
+    eo.kv_block_size = settings.cache.kv_block_size;
+    eo.max_context = ms.context_window;
+    const std::string kv = ms.kv_cache_dtype == "auto" ? server::kKvCacheDtype : ms.kv_cache_dtype;
+    TM_CHECK(parse_kv_dtype(kv, &eo.kv_dtype), "kv_cache_dtype {}", kv);
+    engine_options.push_back(eo);
+  }
+  // Step memory (scratch and workspaces of the largest step) before the budget measures what
+  // is free. The context is the most the engine can allow: its setting, else the model's limit
+  // (the cache may lower it, never raise it). A model with neither leaves its block tables to
+  // the engine's own reservation (index arrays and the attention workspace: a few MiB).
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    const EngineOptions& eo = engine_options[i];
+    const int64_t ctx =
+        eo.max_context > 0 ? eo.max_context : loaded[i].model->config().max_position_embeddings;
+    reserve_engine_steps(*loaded[i].model, eo, static_cast<int>(std::min<int64_t>(ctx, 1 << 30)));
+  }
   const server::CacheBudget budget = server::cache_budget_for(
       settings.cache, be.backend->free_memory_bytes(), static_cast<int>(settings.models.size()));
   log::info("cache memory per model: {} MiB{}", budget.bytes >> 20,
@@ -190,16 +214,8 @@ void run_server(const ServeOptions& o) {
   for (size_t i = 0; i < settings.models.size(); ++i) {
     const server::ModelSettings& ms = settings.models[i];
     ServingModel& lm = loaded[i];
-    EngineOptions eo;
-    eo.max_seqs = settings.limits.max_seqs;
-    eo.max_step_tokens = steps.max_step_tokens;
-    eo.prefill_chunk = steps.prefill_chunk;
-    eo.prefer_decode = settings.limits.prefer_decode;
-    eo.kv_block_size = settings.cache.kv_block_size;
+    EngineOptions eo = engine_options[i];
     eo.memory_budget_bytes = budget.bytes;
-    eo.max_context = ms.context_window;
-    const std::string kv = ms.kv_cache_dtype == "auto" ? server::kKvCacheDtype : ms.kv_cache_dtype;
-    TM_CHECK(parse_kv_dtype(kv, &eo.kv_dtype), "kv_cache_dtype {}", kv);
     lm.engine = std::make_unique<Engine>(*lm.model, eo);
     server::ServedModel sm;
     sm.name = ms.name;

@@ -113,6 +113,18 @@ inline int64_t moe_scratch_floats(int64_t n, int64_t k, int64_t inter, int64_t s
   return slots * (2 * std::max(inter, shared_inter) + hidden);
 }
 
+// The largest forward a caller will run, for Backend::reserve_step_workspaces: what the
+// workspaces a backend grows for large steps depend on (model dimensions and step limits).
+struct StepShape {
+  int max_tokens = 0;           // rows of one forward (all its sequences' tokens)
+  int max_seqs = 0;             // sequences in one forward
+  int64_t max_linear_cols = 0;  // widest input (in_features) of a linear() the forward runs
+  int gdn_k_heads = 0;          // Gated DeltaNet layers' heads and head dims (0: no such layers)
+  int gdn_v_heads = 0;
+  int gdn_k_dim = 0;
+  int gdn_v_dim = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -125,6 +137,8 @@ class Backend {
   // The most bytes held through alloc() at once since the backend was created (weights it
   // uploads, caches, workspaces); -1 when the backend does not count them.
   virtual int64_t peak_allocated_bytes() const { return -1; }
+  // Calls of alloc() that succeeded since the backend was created; -1 when not counted.
+  virtual int64_t allocation_count() const { return -1; }
   virtual void free(void* p) = 0;
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;
   virtual void download(void* dst, const void* src, size_t bytes) = 0;
@@ -145,6 +159,11 @@ class Backend {
   // upload_weight would arrange it. When the result's buffers differ from w's, they belong to the
   // backend and the caller may free w's.
   virtual Weight pack_weight(const Weight& w) { return w; }
+  // Grows the workspaces the backend keeps for large ops (beyond the caller's scratch) to what
+  // any forward within `shape` asks for, so no op of such a step allocates. Not while a step is
+  // being recorded. The default has none to grow (the CPU backend works in the caller's scratch
+  // and host vectors).
+  virtual void reserve_step_workspaces(const StepShape& shape) { (void)shape; }
 
   // ---- recorded op sequences (CUDA graphs) ----
   // Devices that can record the ops issued between begin_recording() and end_recording() and
@@ -295,6 +314,18 @@ class Backend {
                                             int context_capacity) const {
     (void)n_tokens, (void)heads, (void)head_dim, (void)context_capacity;
     return 0;
+  }
+  // At least attention_workspace_floats(t, heads, head_dim, c) for every t <= max_tokens and
+  // c <= max_context_capacity: what a caller reserves for every step up to that shape. The
+  // default takes the largest over t at max_context_capacity, which suffices when the workspace
+  // does not shrink as the capacity grows; a backend whose workspace can shrink overrides it.
+  virtual size_t max_attention_workspace_floats(int max_tokens, int heads, int head_dim,
+                                                int max_context_capacity) const {
+    size_t most = 0;
+    for (int t = 1; t <= max_tokens; ++t) {
+      most = std::max(most, attention_workspace_floats(t, heads, head_dim, max_context_capacity));
+    }
+    return most;
   }
   virtual void set_attention_workspace(float* p, size_t floats) { (void)p, (void)floats; }
   // Causal GQA attention of each new query row against its sequence's cached keys up to and

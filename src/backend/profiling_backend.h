@@ -32,6 +32,10 @@ class ProfilingBackend final : public Backend {
   std::string name() const override { return in_.name(); }
   int64_t free_memory_bytes() const override { return in_.free_memory_bytes(); }
   int64_t peak_allocated_bytes() const override { return in_.peak_allocated_bytes(); }
+  int64_t allocation_count() const override { return in_.allocation_count(); }
+  void reserve_step_workspaces(const StepShape& shape) override {
+    in_.reserve_step_workspaces(shape);
+  }
   void* alloc(size_t bytes) override { return in_.alloc(bytes); }
   void free(void* p) override { in_.free(p); }
   void upload(void* dst, const void* src, size_t bytes) override { in_.upload(dst, src, bytes); }
@@ -53,6 +57,10 @@ class ProfilingBackend final : public Backend {
   size_t attention_workspace_floats(int n_tokens, int heads, int head_dim,
                                     int context_capacity) const override {
     return in_.attention_workspace_floats(n_tokens, heads, head_dim, context_capacity);
+  }
+  size_t max_attention_workspace_floats(int max_tokens, int heads, int head_dim,
+                                        int max_context_capacity) const override {
+    return in_.max_attention_workspace_floats(max_tokens, heads, head_dim, max_context_capacity);
   }
   void set_attention_workspace(float* p, size_t floats) override {
     in_.set_attention_workspace(p, floats);

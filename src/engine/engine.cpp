@@ -53,6 +53,15 @@ struct Engine::Impl {
   void update_stats();
 };
 
+void reserve_engine_steps(Model& model, const EngineOptions& options, int max_context) {
+  // A step holds at most max_step_tokens rows of at most max_seqs sequences (the scheduler's
+  // budgets), each with a block table covering at most max_context positions.
+  const int block = options.kv_block_size;
+  TM_CHECK(block > 0, "kv_block_size must be positive, got {}", block);
+  const int max_blocks = static_cast<int>((int64_t{std::max(max_context, 0)} + block - 1) / block);
+  model.reserve_step(options.max_step_tokens, options.max_seqs, max_blocks, block);
+}
+
 Engine::Engine(Model& model, const EngineOptions& options)
     : impl_(std::make_unique<Impl>(model, options)) {
   Impl& I = *impl_;
@@ -79,6 +88,8 @@ Engine::Engine(Model& model, const EngineOptions& options)
   I.stats.state_slots_total = co.num_slots;
   I.stats.cache_bytes_total = I.cache->bytes();
   I.stats.max_context = I.max_context;
+  // Steps allocate nothing: their memory is reserved here, before the first one.
+  reserve_engine_steps(model, options, I.max_context);
   I.thread = std::thread([this] { impl_->loop(); });
 }
 

@@ -40,6 +40,13 @@ struct EngineStats {
   int max_context = 0;
 };
 
+// Reserves the model's step memory (Model::reserve_step: scratch and backend workspaces) for
+// the largest step an engine with these options runs over sequences of at most max_context
+// positions, so no step allocates. The Engine constructor calls it; a caller that measures free
+// device memory before constructing the engine (tokenmill serve's automatic cache budget)
+// calls it first so the measurement sees the reservation.
+void reserve_engine_steps(Model& model, const EngineOptions& options, int max_context);
+
 class Engine {
  public:
   Engine(Model& model, const EngineOptions& options);

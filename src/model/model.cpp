@@ -24,8 +24,8 @@ int64_t CacheGeometry::state_bytes_per_seq() const {
   return int64_t{gdn_layers} * (conv + ssm) * 4;
 }
 
-// Backend memory for one forward's activations and index arrays, grown (outside the step's
-// ops) when a larger batch arrives.
+// Backend memory for one forward's activations and index arrays: reserved up front for the
+// largest step (reserve_step), else grown (outside the step's ops) when a larger batch arrives.
 struct Model::Scratch {
   Backend& be;
   explicit Scratch(Backend& b) : be(b) {}
@@ -103,10 +103,9 @@ std::unique_ptr<Model> Model::from_checkpoint(std::unique_ptr<Checkpoint> ckpt, 
   return std::unique_ptr<Model>(new Model(backend, std::move(ckpt), options));
 }
 
-bool Model::ensure_scratch(int T, int n_seqs, int R, int max_blocks, int block_size) {
+bool Model::ensure_scratch(int T, int n_seqs, int R, int pass, int max_blocks,
+                           size_t attn_ws_floats) {
   bool moved = false;
-  const int64_t attn_ws_floats = static_cast<int64_t>(backend_.attention_workspace_floats(
-      T, cfg_.num_heads, cfg_.head_dim, max_blocks * block_size));
   const int64_t H = cfg_.hidden_size;
   const int64_t C = geo_.conv_channels;
   const int64_t HvDv = int64_t{geo_.v_heads} * geo_.v_dim;
@@ -151,9 +150,9 @@ bool Model::ensure_scratch(int T, int n_seqs, int R, int max_blocks, int block_s
       {reinterpret_cast<float**>(&s.topi), T * K},
       {&s.moe_scratch, moe_scratch_floats(T, K, Im, cfg_.shared_expert_intermediate_size, H)},
       {&s.sg, T},
-      {&s.sel, R * H},
-      {&s.logits, R * V},
-      {&s.attn_ws, attn_ws_floats},
+      {&s.sel, pass * H},
+      {&s.logits, pass * V},
+      {&s.attn_ws, static_cast<int64_t>(attn_ws_floats)},
   };
   size_t need = 0;
   for (const Slot& sl : slots) need += (static_cast<size_t>(sl.n) * 4 + 255) / 256 * 256;
@@ -168,7 +167,7 @@ bool Model::ensure_scratch(int T, int n_seqs, int R, int max_blocks, int block_s
     *sl.p = reinterpret_cast<float*>(static_cast<uint8_t*>(s.arena) + off);
     off += (static_cast<size_t>(sl.n) * 4 + 255) / 256 * 256;
   }
-  s.attn_ws_floats = static_cast<size_t>(attn_ws_floats);
+  s.attn_ws_floats = attn_ws_floats;
 
   size_t idx = static_cast<size_t>(T) * 2 + (n_seqs + 1) + n_seqs * 2 +
                static_cast<size_t>(n_seqs) * max_blocks + 2 * static_cast<size_t>(R);
@@ -198,6 +197,45 @@ bool Model::ensure_scratch(int T, int n_seqs, int R, int max_blocks, int block_s
   return moved;
 }
 
+int Model::table_width(int max_blocks, bool record) {
+  int width = std::max(1, max_blocks);
+  if (!record) return width;
+  int w = 16;
+  while (w < width) w *= 2;
+  return w;
+}
+
+void Model::reserve_step(int max_tokens, int max_seqs, int max_blocks, int block_size) {
+  TM_CHECK(max_tokens > 0 && max_seqs > 0 && max_blocks >= 0 && block_size > 0,
+           "reserve_step: {} tokens, {} sequences, {} blocks of {}", max_tokens, max_seqs,
+           max_blocks, block_size);
+  // The widest table a step uses: recorded decode steps round theirs up.
+  const int width = table_width(max_blocks, options_.record_decode && backend_.can_record());
+  // Attention workspaces depend on the rows and the capacity, not always growing with them:
+  // the backend's bound over every step up to this one.
+  const size_t attn = backend_.max_attention_workspace_floats(max_tokens, cfg_.num_heads,
+                                                              cfg_.head_dim, width * block_size);
+  // Every row may ask for its logits (prompt logprobs); they are projected in passes.
+  const int pass = std::min(max_tokens, logit_pass_rows(max_seqs));
+  if (ensure_scratch(max_tokens, max_seqs, max_tokens, pass, width, attn)) forget_recordings();
+  StepShape shape;
+  shape.max_tokens = max_tokens;
+  shape.max_seqs = max_seqs;
+  // The linears' inputs: hidden (input projections, router, lm_head), the attention output,
+  // the GDN output, and the MLP's, shared expert's and routed experts' intermediates.
+  shape.max_linear_cols =
+      std::max({cfg_.hidden_size, int64_t{cfg_.num_heads} * cfg_.head_dim,
+                int64_t{geo_.v_heads} * geo_.v_dim, cfg_.intermediate_size,
+                cfg_.shared_expert_intermediate_size, cfg_.moe_intermediate_size});
+  if (geo_.gdn_layers > 0) {
+    shape.gdn_k_heads = geo_.k_heads;
+    shape.gdn_v_heads = geo_.v_heads;
+    shape.gdn_k_dim = geo_.k_dim;
+    shape.gdn_v_dim = geo_.v_dim;
+  }
+  backend_.reserve_step_workspaces(shape);
+}
+
 namespace {
 void check_batch(const Batch& b, const ModelConfig& cfg) {
   const int n = b.n_seqs();
@@ -225,28 +263,43 @@ void check_batch(const Batch& b, const ModelConfig& cfg) {
 
 void Model::forward(const Batch& batch, const CacheViews& caches, std::vector<float>* logits,
                     std::vector<float>* hidden) {
-  const int R = run_batch(batch, caches, hidden != nullptr);
+  int pass = 0;
+  bool recorded = false;
+  const int R = run_batch(batch, caches, hidden != nullptr, &pass, &recorded);
   if (R == 0) return;
   Scratch& s = *s_;
-  logits->resize(static_cast<size_t>(R) * cfg_.vocab_size);
-  backend_.download(logits->data(), s.logits, logits->size() * 4);
-  if (hidden != nullptr) {
-    hidden->resize(static_cast<size_t>(R) * cfg_.hidden_size);
-    backend_.download(hidden->data(), s.sel, hidden->size() * 4);
+  const size_t V = static_cast<size_t>(cfg_.vocab_size);
+  const int64_t H = cfg_.hidden_size;
+  logits->resize(static_cast<size_t>(R) * V);
+  if (hidden != nullptr) hidden->resize(static_cast<size_t>(R) * H);
+  for (int first = 0; first < R; first += pass) {
+    const int rows = std::min(pass, R - first);
+    if (!recorded) project_logits(first, rows);  // the replay projected its one pass
+    backend_.download(logits->data() + first * V, s.logits, rows * V * 4);
+    if (hidden != nullptr) {
+      backend_.download(hidden->data() + first * H, s.sel, static_cast<size_t>(rows * H) * 4);
+    }
   }
 }
 
 void Model::forward_greedy(const Batch& batch, const CacheViews& caches,
                            std::vector<int32_t>* ids) {
-  const int R = run_batch(batch, caches, false);
+  int pass = 0;
+  bool recorded = false;
+  const int R = run_batch(batch, caches, false, &pass, &recorded);
   ids->resize(static_cast<size_t>(R));
   if (R == 0) return;
   Scratch& s = *s_;
-  backend_.argmax_rows(s.logits, R, cfg_.vocab_size, s.greedy);
+  for (int first = 0; first < R; first += pass) {
+    const int rows = std::min(pass, R - first);
+    if (!recorded) project_logits(first, rows);
+    backend_.argmax_rows(s.logits, rows, cfg_.vocab_size, s.greedy + first);
+  }
   backend_.download(ids->data(), s.greedy, ids->size() * 4);
 }
 
-int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hidden) {
+int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hidden, int* pass_out,
+                     bool* recorded) {
   check_batch(batch, cfg_);
   TM_CHECK(static_cast<int>(caches.kv.size()) == geo_.attention_layers &&
                static_cast<int>(caches.gdn.size()) == geo_.gdn_layers,
@@ -259,20 +312,24 @@ int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hid
   const bool record = options_.record_decode && backend_.can_record() && T == n && R == n &&
                       !want_hidden && !batch.keep_step_states;
   const std::vector<int32_t>* tables = &batch.block_tables;
-  int width = std::max(1, batch.max_blocks_per_seq);
+  const int width = table_width(batch.max_blocks_per_seq, record);
   if (record) {
-    int w = 16;
-    while (w < width) w *= 2;
-    padded_tables_.assign(static_cast<size_t>(n) * w, -1);
+    padded_tables_.assign(static_cast<size_t>(n) * width, -1);
     for (int i = 0; i < n; ++i) {
       std::copy_n(batch.block_tables.begin() + static_cast<int64_t>(i) * batch.max_blocks_per_seq,
-                  batch.max_blocks_per_seq, padded_tables_.begin() + static_cast<int64_t>(i) * w);
+                  batch.max_blocks_per_seq,
+                  padded_tables_.begin() + static_cast<int64_t>(i) * width);
     }
     tables = &padded_tables_;
-    width = w;
   }
   const int block_size = caches.kv.empty() ? 1 : caches.kv.front().block_size;
-  if (ensure_scratch(T, n, R, width, block_size)) forget_recordings();
+  // A recorded step (R == n) projects its logits in one pass.
+  const int pass = std::min(R, logit_pass_rows(n));
+  *pass_out = pass;
+  *recorded = record;
+  const size_t attn_ws =
+      backend_.attention_workspace_floats(T, cfg_.num_heads, cfg_.head_dim, width * block_size);
+  if (ensure_scratch(T, n, R, pass, width, attn_ws)) forget_recordings();
   backend_.set_attention_workspace(s_->attn_ws, s_->attn_ws_floats);
   Scratch& s = *s_;
   auto up = [&](int32_t* dst, const std::vector<int32_t>& v) {
@@ -314,7 +371,8 @@ int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hid
       const auto t0 = std::chrono::steady_clock::now();
       backend_.begin_recording();
       try {
-        run_layers(caches, T, R, false);
+        run_layers(caches, T, false);
+        project_logits(0, R);
       } catch (...) {
         backend_.end_recording(false);
         throw;
@@ -328,15 +386,14 @@ int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hid
     backend_.replay(id);
     record_stats_.replays++;
   } else {
-    run_layers(caches, T, R, batch.keep_step_states);
+    run_layers(caches, T, batch.keep_step_states);
   }
   return R;
 }
 
-void Model::run_layers(const CacheViews& caches, int T, int R, bool keep_step_states) {
+void Model::run_layers(const CacheViews& caches, int T, bool keep_step_states) {
   Scratch& s = *s_;
   const int64_t H = cfg_.hidden_size;
-  const float eps = static_cast<float>(cfg_.rms_norm_eps);
   backend_.embed(w_.embed, s.tokens, T, s.x);
   int kv_i = 0, gdn_i = 0;
   // Each block starts with the residual add of the block before (none before the first), the
@@ -352,12 +409,16 @@ void Model::run_layers(const CacheViews& caches, int T, int R, bool keep_step_st
     ffn_block(L, T);
   }
   backend_.add(s.x, s.ff_out, T * H);
-  if (R == 0) return;
-  backend_.gather_rows(s.x, static_cast<int>(H), s.logit_rows, R, s.sel);
+}
+
+void Model::project_logits(int first, int rows) {
+  Scratch& s = *s_;
+  const int H = static_cast<int>(cfg_.hidden_size);
   const Weight* head[] = {&w_.lm_head};
   float* logits[] = {s.logits};
-  backend_.rmsnorm_linear_multi(s.sel, nullptr, w_.final_norm.data, s.sel, R, static_cast<int>(H),
-                                eps, head, logits, 1);
+  backend_.gather_rows(s.x, H, s.logit_rows + first, rows, s.sel);
+  backend_.rmsnorm_linear_multi(s.sel, nullptr, w_.final_norm.data, s.sel, rows, H,
+                                static_cast<float>(cfg_.rms_norm_eps), head, logits, 1);
 }
 
 void Model::attention_block(const LayerWeights& L, int kv_index, const CacheViews& caches, int T,

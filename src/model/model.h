@@ -3,6 +3,7 @@
 // the caller passes; it never allocates cache memory or decides what to keep.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,6 +66,19 @@ class Model {
   // and scanning rows x vocab logits on the host.
   void forward_greedy(const Batch& batch, const CacheViews& caches, std::vector<int32_t>* ids);
 
+  // Reserves the scratch and the backend's step workspaces (Backend::reserve_step_workspaces)
+  // for every forward of at most max_tokens rows over at most max_seqs sequences whose block
+  // tables are at most max_blocks wide (blocks of block_size positions), with any number of
+  // logit rows: such forwards allocate nothing. A larger forward still runs (it grows them).
+  void reserve_step(int max_tokens, int max_seqs, int max_blocks, int block_size);
+
+  // Logit rows one lm_head pass computes: the forward projects more in passes of this many, so
+  // the logits scratch holds [pass, vocab] floats rather than one row per token of a step that
+  // scores its whole prompt (GBs at a 248k vocabulary). At least n_seqs: a decode step (one
+  // logit row per sequence, the one that is recorded) is one pass.
+  static int logit_pass_rows(int n_seqs) { return std::max(kLogitPassRows, n_seqs); }
+  static constexpr int kLogitPassRows = 128;
+
   // Decode-step recordings made (and the host time spent making them) and replays run.
   struct RecordStats {
     int64_t recordings = 0, replays = 0;
@@ -75,13 +89,25 @@ class Model {
  private:
   Model(Backend& backend, std::unique_ptr<Checkpoint> ckpt, const ModelOptions& options);
   struct Scratch;
-  // Returns true when it had to move the scratch (recordings that point into it are stale).
-  bool ensure_scratch(int n_tokens, int n_seqs, int n_logit_rows, int max_blocks, int block_size);
-  // Uploads the batch and runs its ops (recorded or not); returns the logit rows (left in the
-  // scratch). want_hidden: the caller reads the final-normed hidden rows too.
-  int run_batch(const Batch& batch, const CacheViews& caches, bool want_hidden);
-  // The op sequence of a forward over the uploaded batch (T tokens, R logit rows).
-  void run_layers(const CacheViews& caches, int T, int R, bool keep_step_states);
+  // Lays the scratch out for a forward of n_tokens rows over n_seqs sequences (block tables
+  // max_blocks wide), n_logit_rows logit rows projected pass_rows at a time, and an attention
+  // workspace of attn_ws_floats; grows it first when it is smaller. Returns true when it had to
+  // move the scratch (recordings that point into it are stale).
+  bool ensure_scratch(int n_tokens, int n_seqs, int n_logit_rows, int pass_rows, int max_blocks,
+                      size_t attn_ws_floats);
+  // The block-table width a forward of this width runs with: recorded decode steps round it up
+  // (see forward), so a growing context re-records only log2 times.
+  static int table_width(int max_blocks, bool record);
+  // The op sequence of a forward over the uploaded batch (T tokens), up to the final hidden
+  // states in s.x.
+  void run_layers(const CacheViews& caches, int T, bool keep_step_states);
+  // Logits (s.logits) and final-normed hidden states (s.sel) of logit rows first..first+rows-1.
+  void project_logits(int first, int rows);
+  // Uploads the batch and runs its layers (recorded or not; a recorded step also projected its
+  // logits, in one pass). Returns the logit rows; *pass: the rows each lm_head pass projects;
+  // *recorded: whether the step was a replay. want_hidden: the caller reads s.sel too.
+  int run_batch(const Batch& batch, const CacheViews& caches, bool want_hidden, int* pass,
+                bool* recorded);
   void forget_recordings();
   // The mixers start from the residual stream s.x: residual (the block before's output, or null
   // for the first layer) is added, then the input norm.

@@ -103,9 +103,10 @@ struct CacheSection {
 
 // The cache memory each model's engine gets (KV blocks + state slots), in bytes. Set: that.
 // Left out: 2048 MiB on the CPU (device_free_bytes < 0: host memory, shared with everything
-// else); on a GPU, 90% of the device memory free once every model's weights are loaded, less
-// kGpuScratchReserve for activations and workspaces, split evenly between the models that left
-// it out, and at least 512 MiB. Why: a fixed 2 GiB cannot hold the recurrent state of 16
+// else); on a GPU, 90% of the device memory free once every model's weights are loaded (and its
+// largest step's scratch reserved), less kGpuScratchReserve for what is not reserved up front
+// (recorded decode steps, library and driver allocations), split evenly between the models
+// that left it out, and at least 512 MiB. Why: a fixed 2 GiB cannot hold the recurrent state of 16
 // sequences of a 27B model (about 150 MB each), so a default GPU server would not start.
 inline constexpr int64_t kGpuScratchReserve = int64_t{3} << 30;
 struct CacheBudget {

@@ -44,6 +44,7 @@ class CpuBackend final : public Backend {
   void* alloc(size_t bytes) override;
   void free(void* p) override;
   int64_t peak_allocated_bytes() const override { return alloc_stats_.peak(); }
+  int64_t allocation_count() const override { return alloc_stats_.count(); }
   void upload(void* dst, const void* src, size_t bytes) override;
   void download(void* dst, const void* src, size_t bytes) override;
   void fill_zero(void* dst, size_t bytes) override;

@@ -464,6 +464,11 @@ int split_positions(int context_capacity, int n_tokens) {
   return 0;
 }
 
+// Whether split-context decoding takes n_tokens query rows of head_dim (else no workspace).
+bool split_takes(int n_tokens, int head_dim) {
+  return n_tokens > 0 && n_tokens <= 64 && head_dim % 128 == 0 && head_dim <= 256;
+}
+
 int split_count(int context_capacity, int positions) {
   return static_cast<int>((int64_t{context_capacity < 1 ? 1 : context_capacity} + positions - 1) /
                           positions);
@@ -496,11 +501,27 @@ namespace tokenmill {
 
 size_t CudaBackend::attention_workspace_floats(int n_tokens, int heads, int head_dim,
                                                int context_capacity) const {
-  if (n_tokens <= 0 || n_tokens > 64 || head_dim % 128 != 0 || head_dim > 256) return 0;
+  if (!cuda::split_takes(n_tokens, head_dim)) return 0;
   const int positions = cuda::split_positions(context_capacity, n_tokens);
   if (positions == 0) return 0;
   const int splits = cuda::split_count(context_capacity, positions);
   return static_cast<size_t>(n_tokens) * heads * splits * (head_dim + 2);
+}
+
+// Not monotone in the capacity (a capacity just past a power of two doubles the positions per
+// split and halves the splits), so a bound instead of the value at the largest capacity: the
+// splits of t rows are at most kMaxSplits, kSplitBudget / t (split_positions keeps both) and
+// the capacity's 32-position pieces (positions per split are at least 32).
+size_t CudaBackend::max_attention_workspace_floats(int max_tokens, int heads, int head_dim,
+                                                   int max_context_capacity) const {
+  const int64_t pieces = (int64_t{std::max(max_context_capacity, 1)} + 31) / 32;
+  size_t most = 0;
+  for (int t = 1; t <= max_tokens && cuda::split_takes(t, head_dim); ++t) {
+    const int64_t splits =
+        std::min({int64_t{cuda::kMaxSplits}, int64_t{cuda::kSplitBudget} / t, pieces});
+    most = std::max(most, static_cast<size_t>(t) * heads * splits * (head_dim + 2));
+  }
+  return most;
 }
 
 void CudaBackend::kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,

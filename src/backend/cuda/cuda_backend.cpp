@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
 #include "util/error.h"
+#include "util/log.h"
 
 namespace tokenmill {
 
@@ -100,6 +101,12 @@ void CudaBackend::free(void* p) {
 
 void* CudaBackend::grow_workspace(void** p, size_t* bytes, size_t need, const char* what) {
   if (need <= *bytes) return *p;
+  if (step_reserved_) {
+    log::warn(
+        "{} workspace grows from {} to {} bytes inside a step: the step is larger than the "
+        "shape reserved up front",
+        what, *bytes, need);
+  }
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   TM_CUDA(cudaStreamIsCapturing(stream_, &cap));
   if (cap != cudaStreamCaptureStatusNone) {
@@ -112,6 +119,26 @@ void* CudaBackend::grow_workspace(void** p, size_t* bytes, size_t need, const ch
   *p = alloc(need);
   *bytes = need;
   return *p;
+}
+
+void CudaBackend::reserve_step_workspaces(const StepShape& shape) {
+  if (shape.max_tokens <= 0) return;
+  step_reserved_ = false;  // growing here is the reservation (another model's, say), not a miss
+  // Any linear of the step may run the GEMM on all its rows.
+  grow_workspace(&gemm_x_, &gemm_x_bytes_, gemm_x_bytes(shape.max_tokens, shape.max_linear_cols),
+                 "prefill GEMM");
+  // The chunked delta rule's workspace grows with the step's rows, whatever the sequences.
+  GDNStateView st;
+  st.k_heads = shape.gdn_k_heads;
+  st.v_heads = shape.gdn_v_heads;
+  st.k_dim = shape.gdn_k_dim;
+  st.v_dim = shape.gdn_v_dim;
+  SeqLayout seqs;
+  seqs.n_seqs = 1;
+  seqs.n_tokens = shape.max_tokens;
+  seqs.max_seq_tokens = shape.max_tokens;
+  grow_workspace(&gdn_ws_, &gdn_ws_bytes_, gdn_ws_bytes(st, seqs, false), "chunked delta rule");
+  step_reserved_ = true;
 }
 
 void CudaBackend::upload(void* dst, const void* src, size_t bytes) {

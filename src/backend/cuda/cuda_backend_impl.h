@@ -66,6 +66,10 @@ class CudaBackend final : public Backend {
 
   int64_t free_memory_bytes() const override;
   int64_t peak_allocated_bytes() const override { return alloc_stats_.peak(); }
+  int64_t allocation_count() const override { return alloc_stats_.count(); }
+  // Grows gemm_x_ and gdn_ws_ to what the largest step of `shape` asks (the same sizes as
+  // gemm() and gated_delta_rule() compute), so steps within it never grow them.
+  void reserve_step_workspaces(const StepShape& shape) override;
   void* alloc(size_t bytes) override;
   void free(void* p) override;
   void upload(void* dst, const void* src, size_t bytes) override;
@@ -124,6 +128,8 @@ class CudaBackend final : public Backend {
                  const float* k, const float* v) override;
   size_t attention_workspace_floats(int n_tokens, int heads, int head_dim,
                                     int context_capacity) const override;
+  size_t max_attention_workspace_floats(int max_tokens, int heads, int head_dim,
+                                        int max_context_capacity) const override;
   void set_attention_workspace(float* p, size_t floats) override {
     attn_ws_ = p;
     attn_ws_floats_ = floats;
@@ -188,7 +194,15 @@ class CudaBackend final : public Backend {
   void destroy_gemm();
   // A device buffer that grows to the largest size asked of it (`*p`, `*bytes` its current
   // allocation); growing waits for the stream and is refused while a step is being recorded.
+  // After reserve_step_workspaces it should not grow (a warning says a step outgrew the shape).
   void* grow_workspace(void** p, size_t* bytes, size_t need, const char* what);
+  // Bytes of gemm_x_ gemm() uses for n rows of `cols` inputs: their F16 hi and lo parts. The one
+  // formula for the lazy growth and the reservation.
+  static size_t gemm_x_bytes(int64_t n, int64_t cols);
+  // Bytes of gdn_ws_ gated_delta_rule() uses: the chunked form's W, U, P and G when it takes the
+  // call (a sequence of kChunkedDeltaMinRows rows or more, no per-row states wanted), else 0.
+  static size_t gdn_ws_bytes(const GDNStateView& st, const SeqLayout& seqs, bool step_states);
+  static constexpr int kChunkedDeltaMinRows = 64;  // as the CPU backend switches
 
   int device_ = 0;
   PrefillPrecision prefill_precision_ = PrefillPrecision::kExact;
@@ -216,6 +230,7 @@ class CudaBackend final : public Backend {
   // The chunked delta rule's W, U, P and G for a prefill call (grown like gemm_x_).
   void* gdn_ws_ = nullptr;
   size_t gdn_ws_bytes_ = 0;
+  bool step_reserved_ = false;  // reserve_step_workspaces ran: growth means a missed shape
 };
 
 }  // namespace tokenmill

@@ -470,6 +470,11 @@ void CudaBackend::conv1d_silu(const GDNStateView& st, const SeqLayout& seqs, con
   TM_CUDA_LAUNCHED();
 }
 
+size_t CudaBackend::gdn_ws_bytes(const GDNStateView& st, const SeqLayout& seqs, bool step_states) {
+  if (step_states || seqs.max_seq_tokens < kChunkedDeltaMinRows) return 0;
+  return cuda::delta_rule_chunked_ws_floats(st, seqs) * sizeof(float);
+}
+
 void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs,
                                    const int32_t* slots, const float* q, const float* k,
                                    const float* v, const float* g, const float* beta, float* out,
@@ -482,15 +487,12 @@ void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs
   if (seqs.n_seqs <= 0) return;
   // Prefill chunks (a sequence of 64 rows or more, no per-token states wanted): the chunked
   // form (cuda_gdn_chunked.cu), as the CPU backend switches at 64 rows.
-  if (step_states == nullptr && seqs.max_seq_tokens >= 64) {
-    const size_t floats = cuda::delta_rule_chunked_ws_floats(st, seqs);
-    if (floats > 0) {
-      auto* ws = static_cast<float*>(
-          grow_workspace(&gdn_ws_, &gdn_ws_bytes_, floats * sizeof(float), "chunked delta rule"));
-      if (cuda::launch_delta_rule_chunked(stream_, st, seqs, slots, q, k, v, g, beta, out, ws,
-                                          floats)) {
-        return;
-      }
+  if (const size_t bytes = gdn_ws_bytes(st, seqs, step_states != nullptr); bytes > 0) {
+    auto* ws =
+        static_cast<float*>(grow_workspace(&gdn_ws_, &gdn_ws_bytes_, bytes, "chunked delta rule"));
+    if (cuda::launch_delta_rule_chunked(stream_, st, seqs, slots, q, k, v, g, beta, out, ws,
+                                        bytes / sizeof(float))) {
+      return;
     }
   }
   cuda::DeltaArgs a{st, seqs, slots, q, k, v, g, beta, out, step_states};

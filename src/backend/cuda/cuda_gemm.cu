@@ -135,10 +135,13 @@ void CudaBackend::destroy_gemm() {
   gdn_ws_ = nullptr;
 }
 
+size_t CudaBackend::gemm_x_bytes(int64_t n, int64_t cols) {
+  return static_cast<size_t>(n * cols) * 2 * sizeof(__half);
+}
+
 void CudaBackend::gemm(const float* x, int64_t n, const cuda::DevMat& m, float* out) {
   const int64_t K = m.cols, elems = n * K;
-  grow_workspace(&gemm_x_, &gemm_x_bytes_, static_cast<size_t>(elems) * 2 * sizeof(__half),
-                 "prefill GEMM");
+  grow_workspace(&gemm_x_, &gemm_x_bytes_, gemm_x_bytes(n, K), "prefill GEMM");
   // kFast: the hi parts only (one pass, F16 rounding of both operands).
   const bool fast = prefill_precision_ == PrefillPrecision::kFast;
   auto* hi = static_cast<__half*>(gemm_x_);

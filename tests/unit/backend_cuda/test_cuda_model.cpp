@@ -2,14 +2,20 @@
 // tests/fixtures/golden) and the bundled demo model, loaded through Model::load onto the GPU.
 // Checks: per-token logprobs within 2e-3 of the reference (the CPU golden tolerance, see
 // tests/unit/golden/test_golden.cpp), whole prefill = chunked (7-token) prefill = all sequences
-// batched together, within 1e-3 of each other.
+// batched together, within 1e-3 of each other. And the engine's steps on the device allocate
+// nothing (CudaEngine).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cuda_test_util.h"
+#include "engine/engine.h"
+#include "io/checkpoint.h"
+#include "model/model.h"
+#include "model/synthetic.h"
 #include "support/model_harness.h"
 
 namespace tokenmill::cudatest {
@@ -123,6 +129,78 @@ TEST(CudaDemoModel, Bf16KvCacheMatchesCpu) {
   }
   std::printf("[cuda model] demo, bf16 KV: worst |cuda - cpu| logprob %.3g\n", worst);
   EXPECT_LT(worst, kLogprobTol);
+}
+
+// The engine's twin of EngineTest.StepsAllocateNothing on the device: with the largest step
+// reserved when the engine is built, steps allocate nothing. The shapes reach every workspace
+// that grows with a step: the prefill GEMM's F16 activations (steps above 16 rows, the routed
+// experts' GEMMs of the MoE model), the chunked delta rule's (sequences of 64 rows or more),
+// split-context decode attention's (head_dim 128, recorded decode steps), and the logits of a
+// step whose every row is scored (two lm_head passes).
+TEST(CudaEngine, StepsAllocateNothing) {
+  TM_REQUIRE_CUDA_DEVICE();
+  constexpr int kStep = 160;
+  SyntheticSpec dense;
+  dense.vocab = 1024;
+  dense.hidden = 256;
+  dense.intermediate = 512;
+  dense.head_dim = 128;
+  dense.k_dim = 64;
+  dense.v_dim = 64;
+  dense.bits = 4;
+  SyntheticSpec moe = dense;
+  moe.moe = true;
+  moe.bits = 0;
+  for (const SyntheticSpec& spec : {dense, moe}) {
+    const std::string label = spec.moe ? "moe" : "dense 4-bit";
+    auto gpu = make_cuda_backend(0);
+    auto model = Model::from_checkpoint(
+        std::make_unique<Checkpoint>(synthetic_checkpoint_in_memory(spec, label)), *gpu);
+    EngineOptions o;
+    o.max_seqs = 4;
+    o.max_step_tokens = kStep;
+    o.prefill_chunk = kStep;
+    o.max_context = 2048;
+    o.memory_budget_bytes = 64 << 20;
+    Engine e(*model, o);
+    const int64_t count = gpu->allocation_count();
+    const int64_t peak = gpu->peak_allocated_bytes();
+    ASSERT_GT(count, 0) << label;
+
+    // Runs the requests to their end: each must stop at its length.
+    const auto run = [&](std::vector<GenerationRequest> reqs) {
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      for (auto& r : reqs) streams.push_back(e.submit(std::move(r)));
+      for (auto& s : streams) {
+        FinishReason why = FinishReason::kNone;
+        while (why == FinishReason::kNone) {
+          for (TokenEvent& ev : s->wait(std::chrono::milliseconds(100))) {
+            if (ev.finished) why = ev.finish_reason;
+          }
+        }
+        EXPECT_EQ(why, FinishReason::kLength) << label;
+      }
+    };
+    const auto request = [&](int len, int max_tokens, uint32_t seed) {
+      Rng rng(seed);
+      GenerationRequest r;
+      for (int i = 0; i < len; ++i) r.prompt.push_back(rng.integer(2, 1000));
+      r.sampling.temperature = 0;
+      r.max_tokens = max_tokens;
+      r.ignore_eos = true;
+      return r;
+    };
+    // One step of max_step_tokens rows, every one a logit row; then four sequences: chunked
+    // prefills beside decodes, then batched (recorded) decode.
+    GenerationRequest scored = request(kStep, 4, 1);
+    scored.prompt_logprobs = 0;
+    run({std::move(scored)});
+    run({request(200, 24, 2), request(140, 24, 3), request(80, 24, 4), request(20, 24, 5)});
+    EXPECT_GE(e.stats().steps, 25u) << label;
+    e.shutdown(0);
+    EXPECT_EQ(gpu->allocation_count(), count) << label << ": a step allocated device memory";
+    EXPECT_EQ(gpu->peak_allocated_bytes(), peak) << label;
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "model/model.h"
 #include "model/synthetic.h"
 #include "support/model_harness.h"
 #include "util/error.h"
@@ -177,6 +178,53 @@ TEST_F(EngineTest, CancelFreesMemory) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(e.stats().state_slots_used, 0);
   EXPECT_EQ(e.stats().kv_blocks_used, 0);
+}
+
+// No allocation inside a step: the engine reserves the largest step's memory when it is built
+// (reserve_engine_steps), so a whole max-size prefill chunk whose every row asks for logits
+// (prompt logprobs: more rows than one lm_head pass), prefill chunks next to decodes, and
+// batched decode of several sequences leave the backend's allocation count and peak where the
+// constructor left them. The prompt logprobs (two passes) match the model's, run in chunks of
+// one pass each.
+TEST_F(EngineTest, StepsAllocateNothing) {
+  Harness h(*dir_);
+  constexpr int kStep = 160;  // > Model::kLogitPassRows, > the GDN chunked form's 64 rows
+  static_assert(kStep > Model::kLogitPassRows);
+  const auto prompt = random_ids(kStep, h.vocab(), 21);
+  const auto logits = h.run({prompt}, 50)[0];
+  EngineOptions o;
+  o.max_seqs = 4;
+  o.max_step_tokens = kStep;
+  o.prefill_chunk = kStep;
+  o.max_context = 400;
+  o.memory_budget_bytes = 64 << 20;
+  Engine e(*h.model, o);
+  const int64_t count = h.backend->allocation_count();
+  const int64_t peak = h.backend->peak_allocated_bytes();
+  ASSERT_GT(count, 0);
+  ASSERT_GT(peak, 0);
+
+  // One step of exactly max_step_tokens rows, every one a logit row.
+  GenerationRequest first = greedy(prompt, 4);
+  first.prompt_logprobs = 0;
+  const Collected c = collect(*e.submit(first));
+  EXPECT_EQ(c.reason, FinishReason::kLength);
+  ASSERT_EQ(c.prompt_logprobs.size(), prompt.size() - 1);
+  for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+    const float want = token_logprob(&logits[i * h.vocab()], h.vocab(), prompt[i + 1], 0, nullptr);
+    EXPECT_NEAR(c.prompt_logprobs[i], want, 1e-4) << i;
+  }
+  // Four at once: chunked prefills beside decodes, then batched decode with block tables of
+  // up to 14 blocks.
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 4; ++i) {
+    streams.push_back(e.submit(greedy(random_ids(200 - 60 * i, h.vocab(), 30 + i), 24)));
+  }
+  for (auto& s : streams) EXPECT_EQ(collect(*s).reason, FinishReason::kLength);
+  EXPECT_GE(e.stats().steps, 25u);
+
+  EXPECT_EQ(h.backend->allocation_count(), count) << "a step allocated backend memory";
+  EXPECT_EQ(h.backend->peak_allocated_bytes(), peak);
 }
 
 TEST_F(EngineTest, RejectsRequestsThatCanNeverRun) {
