@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 constexpr int kMaxGroup = 8;        // query heads per kv head
 constexpr int kSplitBudget = 2048;  // query rows x splits: bounds the workspace
 constexpr int kMaxSplits = 256;     // per query row
-constexpr int kSplitStep = 4;       // positions per warp step (warp_sum4 sums four)
+constexpr int kSplitStep = 4;       // positions per warp step
 
 struct SplitArgs {
   KVLayerView kv;
@@ -216,25 +216,6 @@ struct SplitArgs {
   int splits, positions;  // splits of `positions` positions (a multiple of 4 * kSplitStep)
   float* ws;              // [n_tokens, heads, splits] x (D + 2): acc[D], m, l
 };
-
-// v[j] = the sum of v[j] over the warp's lanes, for j < 4, in 10 shuffles where four warp_sums
-// take 20: halves of the warp swap the pairs they do not keep (xor 16), then quarters (xor 8),
-// so each lane holds one partial sum of a quarter-warp, finished with xor 4, 2, 1; lane 8j
-// then holds sum j for everyone.
-__device__ __forceinline__ void warp_sum4(float (&v)[4], int lane) {
-  const bool hi16 = (lane & 16) != 0, hi8 = (lane & 8) != 0;
-  float a0 = hi16 ? v[2] : v[0], a1 = hi16 ? v[3] : v[1];        // kept
-  const float s0 = hi16 ? v[0] : v[2], s1 = hi16 ? v[1] : v[3];  // sent
-  a0 += __shfl_xor_sync(0xffffffffu, s0, 16);
-  a1 += __shfl_xor_sync(0xffffffffu, s1, 16);
-  float b = hi8 ? a1 : a0;
-  b += __shfl_xor_sync(0xffffffffu, hi8 ? a0 : a1, 8);
-  b += __shfl_xor_sync(0xffffffffu, b, 4);
-  b += __shfl_xor_sync(0xffffffffu, b, 2);
-  b += __shfl_xor_sync(0xffffffffu, b, 1);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) v[j] = __shfl_sync(0xffffffffu, b, 8 * j);
-}
 
 template <int R, typename T>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitArgs a) {
@@ -267,29 +248,14 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitA
     }
   }
   bool bad = !valid;
-  // A step's positions start at a multiple of kSplitStep: with blocks of a multiple of
-  // kSplitStep positions they share one block, so one table read (32-bit arithmetic) places
-  // them all. Per position, cache_pos's 64-bit division and its table read were about a
-  // quarter of this loop's instructions.
-  const int bs = a.kv.block_size;
-  const bool one_block = bs % kSplitStep == 0;
-  const int32_t* table =
-      a.pg.block_tables + static_cast<int64_t>(s < 0 ? 0 : s) * a.pg.max_blocks_per_seq;
   for (int64_t p0 = begin; valid && p0 < end; p0 += kSplitStep) {
     int64_t cp[kSplitStep];
     float4 k4[kSplitStep][kDims / 4], v4[kSplitStep][kDims / 4];
-    int64_t first = -1;  // one_block: the cache row of position p0
-    if (one_block) {
-      const int b = static_cast<int>(p0) / bs;
-      const int32_t blk = b < a.pg.max_blocks_per_seq ? table[b] : -1;
-      first = blk < 0 ? -1 : static_cast<int64_t>(blk) * bs + (static_cast<int>(p0) - b * bs);
-    }
 #pragma unroll
     for (int j = 0; j < kSplitStep; ++j) {
       cp[j] = -1;
       if (p0 + j < end) {
-        cp[j] = one_block ? (first < 0 ? -1 : first + j)
-                          : cache_pos(a.pg.block_tables, a.pg.max_blocks_per_seq, bs, s, p0 + j);
+        cp[j] = cache_pos(a.pg.block_tables, a.pg.max_blocks_per_seq, a.kv.block_size, s, p0 + j);
         bad |= cp[j] < 0;
       }
 #pragma unroll
@@ -314,12 +280,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitA
           d += q[h][4 * c] * k4[j][c].x + q[h][4 * c + 1] * k4[j][c].y +
                q[h][4 * c + 2] * k4[j][c].z + q[h][4 * c + 3] * k4[j][c].w;
         }
-        x[j] = d;
-      }
-      warp_sum4(x, lane);  // every lane: cp[j] is the same across the warp
-#pragma unroll
-      for (int j = 0; j < kSplitStep; ++j) {
-        x[j] = cp[j] >= 0 ? x[j] * a.scale : -INFINITY;
+        d = warp_sum(d);  // every lane: cp[j] is the same across the warp
+        x[j] = cp[j] >= 0 ? d * a.scale : -INFINITY;
         mn = fmaxf(mn, x[j]);
       }
       if (mn == -INFINITY) continue;  // no position of this step is in the cache
