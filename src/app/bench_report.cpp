@@ -19,7 +19,8 @@ double pct(const BenchReport& r, double tok_s) {
 }  // namespace
 
 void print_report(const BenchReport& r) {
-  std::printf("\ntokenmill bench\n  device: %s\n  model:  %s\n", r.device.c_str(), r.model.c_str());
+  std::printf("\ntokenmill bench\n  device: %s\n  model:  %s\n  sampling: %s\n", r.device.c_str(),
+              r.model.c_str(), r.sampling.c_str());
   std::printf("  measured read bandwidth %.1f GB/s, bf16 matmul %.3f TFLOP/s, load %.2f s\n",
               r.read_gbps, r.matmul_tflops, r.load_seconds);
   std::printf("  weights read per decoded token: %.3f GB\n\n", r.weight_bytes_per_token / 1e9);
@@ -57,7 +58,8 @@ void write_report_json(const BenchReport& r, const std::string& path) {
                       {"peak_host_bytes", r.peak_host_bytes},
                       {"peak_backend_bytes", r.peak_backend_bytes},
                       {"cache_bytes", r.cache_bytes},
-                      {"kv_dtype", r.kv_dtype}};
+                      {"kv_dtype", r.kv_dtype},
+                      {"sampling", r.sampling}};
   for (const auto& p : r.prefill)
     j["prefill"].push_back({{"tokens", p.tokens}, {"tok_s", p.tok_s}, {"ttft_s", p.ttft_s}});
   for (const auto& d : r.decode) {

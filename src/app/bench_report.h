@@ -15,7 +15,8 @@ struct BenchReport {
   // The most memory held through the backend at once (on CUDA: device memory for weights,
   // caches and workspaces); -1 when the backend does not count it.
   int64_t peak_backend_bytes = -1;
-  std::string kv_dtype = "f32";  // the KV cache's element type
+  std::string kv_dtype = "f32";     // the KV cache's element type
+  std::string sampling = "greedy";  // how decoded tokens are chosen
   struct Prefill {
     int tokens;
     double tok_s, ttft_s;

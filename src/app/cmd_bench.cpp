@@ -4,6 +4,7 @@
 // fraction of the measured bandwidth that achieves. Prints a table, writes JSON and a chart.
 #include <sys/resource.h>
 
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -40,6 +41,10 @@ struct BenchOptions {
   int decode_tokens = 32;
   int64_t cache_mb = 0;
   std::string kv_dtype = "f32";
+  // Decoding: greedy by default; a temperature above 0 samples (with top-k / top-p as given),
+  // which is what chat clients usually ask for.
+  float temperature = 0.0f, top_p = 1.0f;
+  int top_k = 0;
   DeviceOptions device;
 };
 
@@ -49,14 +54,15 @@ struct Timeline {
 
 // Submits `prompts` at once and records when each token arrives.
 Timeline run_requests(Engine& e, const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
-                      Clock::time_point start) {
+                      Clock::time_point start, const SamplingParams& sampling) {
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (const auto& p : prompts) {
     GenerationRequest r;
     r.prompt = p;
     r.max_tokens = max_tokens;
     r.ignore_eos = true;
-    r.sampling.temperature = 0;
+    r.sampling = sampling;
+    r.sampling.seed = 7 + static_cast<uint64_t>(streams.size());
     streams.push_back(e.submit(r));
   }
   Timeline t;
@@ -146,6 +152,13 @@ void bench_command(BenchOptions o) {
   EngineOptions eo;
   eo.kv_dtype = kv_dtype_of(o.kv_dtype);
   rep.kv_dtype = o.kv_dtype;
+  SamplingParams sp;
+  sp.temperature = o.temperature;
+  sp.top_k = o.top_k;
+  sp.top_p = o.top_p;
+  rep.sampling = o.temperature > 0 ? fmt::format("temperature {}, top-k {}, top-p {}",
+                                                 o.temperature, o.top_k, o.top_p)
+                                   : "greedy";
   eo.max_seqs = max_batch;
   eo.max_step_tokens = cpu ? 512 : 8192;
   eo.prefill_chunk = eo.max_step_tokens;
@@ -166,18 +179,18 @@ void bench_command(BenchOptions o) {
     const int w = std::min(p, eo.max_step_tokens);
     if (std::find(warm.begin(), warm.end(), w) == warm.end()) warm.push_back(w);
   }
-  for (int w : warm) run_requests(engine, {random_prompt(w, V, 500 + w)}, 1, Clock::now());
+  for (int w : warm) run_requests(engine, {random_prompt(w, V, 500 + w)}, 1, Clock::now(), sp);
   if (prof) prof->reset();  // the profile covers the timed runs only
   for (int p : o.prompts) {
     auto start = Clock::now();
-    Timeline t = run_requests(engine, {random_prompt(p, V, 1000 + p)}, 1, start);
+    Timeline t = run_requests(engine, {random_prompt(p, V, 1000 + p)}, 1, start, sp);
     double ttft = t.token_times[0].at(0);
     rep.prefill.push_back({p, p / ttft, ttft});
     std::fprintf(stderr, "prefill %6d tokens: %9.1f tok/s (TTFT %.3f s)\n", p, p / ttft, ttft);
   }
   for (int c : o.contexts) {
     auto start = Clock::now();
-    Timeline t = run_requests(engine, {random_prompt(c, V, 2000 + c)}, o.decode_tokens, start);
+    Timeline t = run_requests(engine, {random_prompt(c, V, 2000 + c)}, o.decode_tokens, start, sp);
     const auto& tt = t.token_times[0];
     double rate = (tt.size() - 1) / (tt.back() - tt.front());
     rep.decode.push_back({c, rate, tt.front()});
@@ -187,7 +200,7 @@ void bench_command(BenchOptions o) {
     std::vector<std::vector<int32_t>> prompts;
     for (int i = 0; i < b; ++i) prompts.push_back(random_prompt(kBatchPrompt, V, 3000 + i));
     auto start = Clock::now();
-    Timeline t = run_requests(engine, prompts, o.decode_tokens, start);
+    Timeline t = run_requests(engine, prompts, o.decode_tokens, start, sp);
     // Steady state: from when the last request got its first token until the first finished.
     double from = 0, to = 1e300;
     for (const auto& tt : t.token_times) {
@@ -246,6 +259,15 @@ void register_bench(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   cmd->add_option("--cache-mb", opt->cache_mb, "KV/state memory (default: what the runs need)");
+  cmd->add_option("--temperature", opt->temperature, "Sample at this temperature (0: greedy)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 100.0f));
+  cmd->add_option("--top-k", opt->top_k, "Sampling: keep the k most probable tokens (0: all)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()));
+  cmd->add_option("--top-p", opt->top_p, "Sampling: keep the smallest set holding this mass")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 1.0f));
   cmd->add_option("--json", opt->json_path, "JSON output file")->capture_default_str();
   cmd->add_option("--chart", opt->chart_path, "Chart output (SVG)")->capture_default_str();
   add_device_options(*cmd, opt->device);

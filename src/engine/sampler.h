@@ -41,7 +41,15 @@ class Sampler {
   std::unordered_set<int32_t> prompt_tokens_;
   std::unordered_map<int32_t, int> output_counts_;
   std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
+  std::vector<float> heap_;                      // reused scratch (top-k threshold)
 };
+
+// The tokens a non-greedy draw chooses from, in vLLM's order (temperature, min-p, top-k, top-p)
+// over logits already penalized and masked: {unnormalised probability exp((l - max) / T),
+// token}, in descending probability (ties: lower id) whenever top-k or top-p cut the list.
+// Returns false when no token has a nonzero probability. `heap` is scratch.
+bool sampling_candidates(const float* logits, int vocab, const SamplingParams& p,
+                         std::vector<std::pair<float, int32_t>>* out, std::vector<float>* heap);
 
 // Raw log-softmax of `logits` at `token`, and the top `k` entries (k may be 0).
 float token_logprob(const float* logits, int vocab, int32_t token, int k,

@@ -2,7 +2,9 @@
 // exactly the tokens it should, penalties follow vLLM's formulas, draws are seeded.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -88,6 +90,72 @@ TEST(Sampler, TopKTopPMinPKeepExactlyTheRightTokens) {
   f = frequencies(r, kLogits, 4000);
   EXPECT_GT(f[2], 0.0);
   for (auto& [t, x] : f) EXPECT_LT(t, 3) << "min_p drew token " << t;
+}
+
+// sampling_candidates (which skips the exp of tokens that cannot reach the top k) keeps exactly
+// the tokens, with the same probabilities, as the plain computation: exp of every logit,
+// min-p, the k most probable (ties: lower id), the top-p prefix. Over a 50,000-token
+// vocabulary with runs of equal logits at the top-k boundary, -inf entries, and distributions
+// peaky enough that the k-th token's probability underflows.
+TEST(Sampler, CandidatesEqualTheFullComputation) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int vocab = 50000;
+  using Cand = std::vector<std::pair<float, int32_t>>;
+  const auto by_prob = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  int cases = 0;
+  for (float spread : {1.0f, 8.0f, 60.0f}) {
+    std::vector<float> l(vocab);
+    for (float& x : l) x = spread * normal(rng);
+    for (int i = 0; i < vocab; i += 97) l[i] = -INFINITY;
+    // A run of equal logits among the most probable (the boundary of small k).
+    std::vector<float> sorted = l;
+    std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+    for (int i = 0; i < vocab; i += 1000) l[i] = sorted[12];
+    for (float t : {0.3f, 0.7f, 1.5f}) {
+      for (int k : {0, 1, 5, 20, 1000}) {
+        for (float top_p : {1.0f, 0.9f}) {
+          for (float min_p : {0.0f, 0.05f}) {
+            SamplingParams p;
+            p.temperature = t;
+            p.top_k = k;
+            p.top_p = top_p;
+            p.min_p = min_p;
+            Cand want;
+            float mx = -INFINITY;
+            for (float x : l) mx = std::max(mx, x);
+            for (int i = 0; i < vocab; ++i) {
+              if (l[i] == -INFINITY) continue;
+              const float e = std::exp((l[i] - mx) * (1.0f / t));
+              if (e > 0.0f && !(min_p > 0.0f && e < min_p)) want.emplace_back(e, i);
+            }
+            std::sort(want.begin(), want.end(), by_prob);
+            if (k > 0 && static_cast<size_t>(k) < want.size()) want.resize(static_cast<size_t>(k));
+            if (top_p < 1.0f) {
+              double sum = 0, acc = 0;
+              for (const auto& c : want) sum += c.first;
+              size_t n = 0;
+              while (n < want.size()) {
+                acc += want[n++].first;
+                if (acc >= top_p * sum) break;
+              }
+              want.resize(n);
+            }
+            Cand got;
+            std::vector<float> heap;
+            ASSERT_TRUE(sampling_candidates(l.data(), vocab, p, &got, &heap));
+            std::sort(got.begin(), got.end(), by_prob);
+            ASSERT_EQ(got, want) << "spread " << spread << " T " << t << " k " << k << " top_p "
+                                 << top_p << " min_p " << min_p;
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 180);
 }
 
 TEST(Sampler, PenaltiesFollowVllm) {
