@@ -357,8 +357,7 @@ void Engine::Impl::step() {
       } else if (mask == nullptr && s.sampler->plain_greedy()) {
         tok = argmax(lrow, V);  // what sample() returns, without copying the logits
       } else {
-        work.assign(lrow, lrow + V);
-        tok = s.sampler->sample(work.data(), V, mask);
+        tok = s.sampler->sample_row(lrow, V, mask, &work);
       }
     }
     if (s.req.sampling.logprobs >= 0) {

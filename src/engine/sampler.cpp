@@ -180,6 +180,19 @@ int32_t Sampler::sample(float* logits, int vocab, const uint8_t* allowed) {
       if (!allowed[i]) logits[i] = kNegInf;
     }
   }
+  return draw(logits, vocab);
+}
+
+int32_t Sampler::sample_row(const float* logits, int vocab, const uint8_t* allowed,
+                            std::vector<float>* work) {
+  if (allowed != nullptr || has_penalties()) {
+    work->assign(logits, logits + vocab);
+    return sample(work->data(), vocab, allowed);
+  }
+  return draw(logits, vocab);
+}
+
+int32_t Sampler::draw(const float* logits, int vocab) {
   if (greedy()) {
     // Lowest id wins ties, so greedy output is deterministic across backends.
     return argmax(logits, vocab);

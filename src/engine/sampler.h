@@ -22,6 +22,10 @@ class Sampler {
   // Picks the next token from `logits` (vocab entries; modified in place). `allowed`, when not
   // null, marks the tokens that may be chosen (nonzero). Returns the token.
   int32_t sample(float* logits, int vocab, const uint8_t* allowed);
+  // The same choice for logits that must stay unchanged: they are copied into *work first only
+  // when penalties or a mask change them (a 248k-logit row is 1 MB).
+  int32_t sample_row(const float* logits, int vocab, const uint8_t* allowed,
+                     std::vector<float>* work);
   // Records a token appended to the output (for the penalties). sample() does not.
   void accept(int32_t token);
 
@@ -36,6 +40,12 @@ class Sampler {
 
  private:
   void apply_penalties(float* logits, int vocab) const;
+  bool has_penalties() const {
+    return p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f ||
+           p_.frequency_penalty != 0.0f;
+  }
+  // The seeded draw over final (penalized, masked) logits.
+  int32_t draw(const float* logits, int vocab);
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::unordered_set<int32_t> prompt_tokens_;

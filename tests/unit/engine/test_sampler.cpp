@@ -158,6 +158,29 @@ TEST(Sampler, CandidatesEqualTheFullComputation) {
   EXPECT_EQ(cases, 180);
 }
 
+// sample_row (const logits; penalties and a mask go to a copy) draws what sample() draws for the
+// same seed, with and without penalties and a mask.
+TEST(Sampler, SampleRowEqualsSampleOnACopy) {
+  std::vector<uint8_t> allowed = {1, 1, 0, 1, 1, 1};
+  for (int variant = 0; variant < 4; ++variant) {
+    SamplingParams p;
+    p.temperature = variant == 3 ? 0.0f : 0.9f;
+    p.top_k = 4;
+    if (variant == 1) p.repetition_penalty = 1.3f;
+    const uint8_t* mask = variant == 2 ? allowed.data() : nullptr;
+    Sampler a(p, 11, {0, 1}), b(p, 11, {0, 1});
+    std::vector<float> work;
+    for (int i = 0; i < 40; ++i) {
+      const std::vector<float> row = kLogits;
+      std::vector<float> copy = kLogits;
+      const int32_t want = a.sample(copy.data(), 6, mask);
+      EXPECT_EQ(b.sample_row(row.data(), 6, mask, &work), want) << "variant " << variant;
+      a.accept(want);
+      b.accept(want);
+    }
+  }
+}
+
 TEST(Sampler, PenaltiesFollowVllm) {
   SamplingParams p;
   p.temperature = 0;
