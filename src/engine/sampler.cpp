@@ -47,20 +47,10 @@ void Sampler::apply_penalties(float* logits, int vocab) const {
 namespace {
 
 // Logits are scanned in blocks: a block whose largest value cannot matter is skipped after one
-// vectorizable pass (eight partial maxima; NaN compares false and is skipped).
+// vectorizable pass (util/argmax.h's max_value; NaN is skipped).
 constexpr int kBlock = 64;
 float block_max(const float* v, int n) {
-  constexpr int kLanes = 8;
-  float part[kLanes];
-  for (float& x : part) x = kNegInf;
-  int i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) part[l] = v[i + l] > part[l] ? v[i + l] : part[l];
-  }
-  float m = kNegInf;
-  for (; i < n; ++i) m = v[i] > m ? v[i] : m;
-  for (float x : part) m = x > m ? x : m;
-  return m;
+  return max_value(v, n, kNegInf);
 }
 
 // The k-th largest logit above -inf (NaN skipped), or -inf when there are fewer: a min-heap of

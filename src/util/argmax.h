@@ -10,4 +10,8 @@ namespace tokenmill {
 // independent partial maxima (several times faster over a large vocabulary).
 int32_t argmax(const float* logits, int vocab);
 
+// The largest of init and v[0..n) (NaN compares false and is skipped), with independent partial
+// maxima so the compiler can vectorize it.
+float max_value(const float* v, int n, float init);
+
 }  // namespace tokenmill
