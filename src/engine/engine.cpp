@@ -287,6 +287,7 @@ void Engine::Impl::step() {
     if (s.req.prompt_logprobs >= 0 || s.req.sampling.logprobs >= 0 || s.req.constraint ||
         !s.sampler->plain_greedy()) {
       ids_only = false;
+      break;
     }
   }
   if (ids_only) {
@@ -352,13 +353,8 @@ void Engine::Impl::step() {
         s.req.constraint->mask(allowed);
         mask = allowed.data();
       }
-      if (ids_only) {
-        tok = greedy_ids[this_row];
-      } else if (mask == nullptr && s.sampler->plain_greedy()) {
-        tok = argmax(lrow, V);  // what sample() returns, without copying the logits
-      } else {
-        tok = s.sampler->sample_row(lrow, V, mask, &work);
-      }
+      // sample_row copies the row only when a penalty or the mask changes it.
+      tok = ids_only ? greedy_ids[this_row] : s.sampler->sample_row(lrow, V, mask, &work);
     }
     if (s.req.sampling.logprobs >= 0) {
       ev.logprob = token_logprob(lrow, V, tok, s.req.sampling.logprobs, &ev.top);
