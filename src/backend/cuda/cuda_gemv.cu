@@ -240,23 +240,25 @@ GemvKind fast_gemv_kind(const DevMat& m) {
 }
 
 StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t steps, int slot_floats,
-                     const GemvWorkspace& ws, int min_steps) {
+                     const GemvWorkspace& ws, int min_steps, int subs, size_t smem) {
   int per_sm = 0;
-  TM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  TM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   StreamK sk;
   sk.tiles = tiles;
   sk.steps = steps;
-  const int64_t resident = static_cast<int64_t>(std::max(per_sm, 1)) * ws.sm_count * (threads / 32);
+  const int64_t resident =
+      static_cast<int64_t>(std::max(per_sm, 1)) * ws.sm_count * (threads / 32) / subs;
   // Wide partials (the 64-row 4-bit GEMV: 1,024 floats per slot) may cap the warps below one
   // full wave; the division stays exact, only occupancy drops.
   const int64_t by_partials =
-      static_cast<int64_t>(ws.partial_floats / (2 * static_cast<size_t>(slot_floats)));
+      static_cast<int64_t>(ws.partial_floats / (2 * static_cast<size_t>(slot_floats) * subs));
   const int64_t by_min_steps = (tiles * steps + min_steps - 1) / min_steps;
-  sk.warps = std::max<int64_t>(1, std::min({resident, by_min_steps, ws.max_warps, by_partials}));
+  sk.warps = std::max<int64_t>(
+      1, std::min({resident, by_min_steps, ws.max_warps / subs, by_partials}));
   sk.partials = ws.partials;
   sk.counters = ws.counters;
   sk.slot_floats = slot_floats;
-  TM_CUDA_REQUIRE(static_cast<size_t>(sk.warps) * 2 * slot_floats <= ws.partial_floats,
+  TM_CUDA_REQUIRE(static_cast<size_t>(sk.warps) * subs * 2 * slot_floats <= ws.partial_floats,
                   "gemv: stream-K partial workspace too small");
   return sk;
 }

@@ -35,9 +35,11 @@ struct Q4Slots {
 };
 
 // Warps to launch for `kernel` (one wave: what fits on the device at once, and no more than gives
-// each warp min_steps k-steps) and the stream-K division of tiles x steps over them.
+// each warp min_steps k-steps) and the stream-K division of tiles x steps over them. subs > 1:
+// the unit of work is a block of `subs` warps (threads / 32), each with its own partial slots
+// and counters; StreamK::warps then counts blocks. smem: the kernel's dynamic shared memory.
 StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t steps, int slot_floats,
-                     const GemvWorkspace& ws, int min_steps = 1);
+                     const GemvWorkspace& ws, int min_steps = 1, int subs = 1, size_t smem = 0);
 
 // The fast kernel that handles `m`, or kNone (other formats, odd sizes, unaligned data).
 GemvKind fast_gemv_kind(const DevMat& m);
@@ -118,6 +120,11 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
 // of out[j]. Each expert's weights are read once per chunk instead of once per row.
 void launch_q4_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, const int32_t* chunks,
                            int64_t n_chunks, const GemvWorkspace& ws);
+
+// The weight-stationary F16-operand kernel for more rows (cuda_gemv_q4w.cu): out[j][i, r] for
+// the n prepared rows (1..kQ4GemvMaxRows).
+void launch_q4w_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
+                     const GemvWorkspace& ws);
 
 // The digit kernels (cuda_gemv_q4d.cu), called by the two above with checked arguments.
 void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, const float* up, bool sigmoid_gate,

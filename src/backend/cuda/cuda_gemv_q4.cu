@@ -443,6 +443,13 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
   }
   TM_CUDA_REQUIRE(ids == nullptr && n > kQ4DigitMaxRows,
                   "q4 gemv: F16 operands are for 5..64 rows (fewer and MoE slots: digits)");
+#ifndef TM_Q4W_MIN_ROWS
+#define TM_Q4W_MIN_ROWS 16
+#endif
+  if (n > TM_Q4W_MIN_ROWS) {
+    launch_q4w_gemv(st, jobs, act, n, ws);
+    return;
+  }
   // Column blocks of 4 rows.
   const int cb = n <= 8 ? 2 : n <= 16 ? 4 : kQ4WideCB;
   auto by_cb = [&](auto group_tag) {
@@ -468,7 +475,7 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
   TM_CUDA_LAUNCHED();
 }
 
-void launch_q4_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, const int32_t* chunks,
+void launch_q4_gemv_chunks_old(cudaStream_t st, GemvJobs jobs, const Q4Act& act, const int32_t* chunks,
                            int64_t n_chunks, const GemvWorkspace& ws) {
   TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs && n_chunks >= 1,
                   "q4 gemv chunks: 1..4 matrices and at least one chunk");

@@ -27,9 +27,9 @@ namespace tokenmill::cuda {
 struct StreamK {
   int64_t tiles = 0;          // work tiles (a tile: the rows one warp computes together)
   int64_t steps = 0;          // k-steps per tile
-  int64_t warps = 0;          // warps launched (<= tiles * steps)
-  float* partials = nullptr;  // [warps][2][slot_floats]
-  int* counters = nullptr;    // [warps], zero outside a launch
+  int64_t warps = 0;          // warps (or units of several warps) launched (<= tiles * steps)
+  float* partials = nullptr;  // [warps][subs][2][slot_floats]
+  int* counters = nullptr;    // [warps][subs], zero outside a launch
   int slot_floats = 0;
 
   __device__ int64_t total() const { return tiles * steps; }
@@ -56,7 +56,9 @@ __device__ __forceinline__ void streamk_for_each(const StreamK& sk, int64_t w, F
 }
 
 // Called by all 32 lanes of the warp that computed steps [k0, k1) of tile t, a strict part of it,
-// with its `vals` (this lane's share, kCount floats). Writes them to the warp's slot and returns
+// with its `vals` (this lane's share, kCount floats). A unit of work may be several warps (a
+// block), each computing its own part `sub` of `subs` of the unit's tiles: each sub-unit then has
+// its own partial slots and counters ([warps][subs] of each). Writes them to the warp's slot and returns
 // true on the one warp that must now write the tile's output; `vals` then holds the lane's share
 // of the complete sums, added in warp order.
 //
@@ -65,16 +67,18 @@ __device__ __forceinline__ void streamk_for_each(const StreamK& sk, int64_t w, F
 // about 15 us, ten times the matrix's own reading.
 template <int kCount>
 __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int64_t t, int slot,
-                                              float (&vals)[kCount]) {
+                                              float (&vals)[kCount], int sub = 0,
+                                              int subs = 1) {
   const int lane = threadIdx.x & 31;
-  float* mine = sk.partials + (w * 2 + slot) * sk.slot_floats + lane * kCount;
+  float* mine = sk.partials + ((w * subs + sub) * 2 + slot) * sk.slot_floats + lane * kCount;
 #pragma unroll
   for (int i = 0; i < kCount; ++i) mine[i] = vals[i];
   __threadfence();
   __syncwarp();
   int last = 0;
   const int64_t w0 = sk.warp_of(t * sk.steps), w1 = sk.warp_of((t + 1) * sk.steps - 1);
-  if (lane == 0) last = atomicAdd(sk.counters + w0, 1) == static_cast<int>(w1 - w0);
+  int* counter = sk.counters + w0 * subs + sub;
+  if (lane == 0) last = atomicAdd(counter, 1) == static_cast<int>(w1 - w0);
   last = __shfl_sync(0xffffffffu, last, 0);
   if (!last) return false;
   __threadfence();
@@ -87,7 +91,8 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int64_t ww = min(base + b, w1);  // past w1: a repeated load, not added
-      const float* p = sk.partials + (ww * 2 + sk.slot_of(ww, t)) * sk.slot_floats + lane * kCount;
+      const float* p =
+          sk.partials + ((ww * subs + sub) * 2 + sk.slot_of(ww, t)) * sk.slot_floats + lane * kCount;
 #pragma unroll
       for (int i = 0; i < kCount; ++i) got[b][i] = __ldcg(p + i);  // past L1: other SMs wrote it
     }
@@ -98,7 +103,7 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
       for (int i = 0; i < kCount; ++i) vals[i] += got[b][i];
     }
   }
-  if (lane == 0) sk.counters[w0] = 0;
+  if (lane == 0) *counter = 0;
   return true;
 }
 

@@ -145,7 +145,15 @@ TEST_F(CudaLinear, StackedExpertsPickTheMatrix) {
 TEST_F(CudaLinear, LargeShapes) {
   Rng rng(4);
   HostWeight hw = affine_weight(rng, 4, 64, DType::BF16, 1000, 1024, 0);
-  check(hw, {1, 8, 300}, 0, "q4g64 1000x1024");
+  check(hw, {1, 8, 29, 64, 300}, 0, "q4g64 1000x1024");
+  // 17..64 rows (the weight-stationary kernel) at every group size, a row count that leaves a
+  // partial block tile and one that leaves a partial 16-row tile.
+  for (int group : {32, 128}) {
+    HostWeight g = affine_weight(rng, 4, group, DType::BF16, 200, 1024, 0);
+    check(g, {20, 64}, 0, "q4g" + std::to_string(group) + " 200x1024");
+  }
+  HostWeight odd = affine_weight(rng, 4, 64, DType::F16, 1000 + 7, 512, 0);
+  check(odd, {40}, 0, "q4g64 1007x512");
   HostWeight fw = float_weight(rng, DType::BF16, 515, 768, 0);
   check(fw, {4, 129}, 0, "bf16 515x768");
 }
@@ -156,7 +164,7 @@ TEST_F(CudaLinear, LargeShapes) {
 TEST_F(CudaLinear, ManyTilesStreamK) {
   Rng rng(9);
   HostWeight q4 = affine_weight(rng, 4, 64, DType::BF16, 150000, 128, 0);
-  check(q4, {1, 3}, 0, "q4g64 150000x128");
+  check(q4, {1, 3, 20, 64}, 0, "q4g64 150000x128");
   HostWeight bf = float_weight(rng, DType::BF16, 150000, 64, 0);
   check(bf, {1}, 0, "bf16 150000x64");
 }

@@ -1,0 +1,472 @@
+// Weight-stationary 4-bit GEMV for 17..64 activation rows (batched decode, speculative verify,
+// grouped MoE prefill chunks): the same arithmetic as cuda_gemv_q4.cu (mma.sync m16n8k16, F16
+// operands, the weights' nibbles exact, activations hi + lo, scale and bias per group), with
+// the work divided so each activation byte serves more weight bytes.
+//
+// Why: the one-tile-per-warp kernel read, for every 16-row weight tile, all n activation rows of
+// each group (16 KB per 512 weight bytes at 64 rows), and each of its warps walked its own k
+// range, so nearby warps shared nothing in L1: ncu showed it at 5.8% of the read bandwidth at
+// 64 rows, waiting on activation loads and on one dependent mma chain per column block. Here:
+// - a warp holds kTiles tiles and multiplies each activation fragment it loads by all of them
+//   (kTiles times fewer activation loads per mma);
+// - the four warps of a block take adjacent tiles over the same k range (stream-K divides block
+//   tiles, not warp tiles), so a group's activations come from L2 once per block and from L1
+//   for the other warps;
+// - column blocks go in batches of four with an accumulator each, so a warp has kTiles x 4
+//   independent mma chains in flight instead of one.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemv_q4.cuh"
+
+namespace tokenmill::cuda {
+namespace {
+
+constexpr int kWarps = 4;  // per block; they share the block's k range
+#ifndef TM_Q4W_TILES
+#define TM_Q4W_TILES 2
+#endif
+constexpr int kTiles = TM_Q4W_TILES;          // 16-row tiles per warp
+constexpr int kBlockTiles = kWarps * kTiles;  // stream-K's unit
+
+// cp.async of 16 bytes (4 with cp_async4) into shared memory; bytes past src_bytes are zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint4 lds128(const uint4* p) {
+  uint4 v;
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(a));
+  return v;
+}
+
+// The four f16x2 operands of one word (see cuda_gemv_q4.cu's file comment).
+__device__ __forceinline__ uint32_t q4w_minus_1024(uint32_t v) {
+  uint32_t r;
+  asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(0x64006400u));
+  return r;
+}
+__device__ __forceinline__ void q4w_unpack(uint32_t w, uint32_t (&e)[4]) {
+  e[0] = q4w_minus_1024((w & 0x000F000Fu) | 0x64006400u);
+  e[1] = q4w_minus_1024((w & 0x00F000F0u) | 0x64006400u);
+  const uint32_t h = w >> 8;
+  e[2] = q4w_minus_1024((h & 0x000F000Fu) | 0x64006400u);
+  e[3] = q4w_minus_1024((h & 0x00F000F0u) | 0x64006400u);
+}
+
+// One block's share of the prepared activations: a group's CB*4 rows, hi and lo parts
+// ("segments" of G halves, row r's part p is segment 2r + p), and their group sums, in shared
+// memory, two groups' buffers. A segment's G/8 16-byte chunks are followed by a pad chunk (none
+// at group 32) so the 8 lanes of a quarter warp, reading chunks t*W + w of two segments, hit
+// distinct banks (two-way at group 128). Rows at or past ncols are zeros.
+template <int G, int CB>
+struct Q4ActStage {
+  static constexpr int kRows = CB * 4;
+  static constexpr int kChunks = G / 8;  // 16-byte chunks per segment
+  static constexpr int kStride = G == 32 ? 4 : kChunks + 1;
+  static constexpr int kBufChunks = kRows * 2 * kStride;
+  static constexpr size_t kBytes = 2 * (kBufChunks * 16 + kRows * sizeof(float));
+};
+
+// The weights of a warp's T consecutive tiles, groups [k0, k1), double-buffered like
+// Q4TileStream, and the block's activations for each group staged in shared memory one group
+// ahead (cp.async by all the block's threads). Tiles past the job's last one (the numbering pads
+// each job to whole blocks) reread the last valid tile; a warp with none loads no weights but
+// still stages and meets the block's barriers.
+template <int G, int T, int CB, int ST>
+struct Q4WarpStream {
+  static constexpr int W = G / 32;
+  static constexpr int kSB = ST == kF32 ? 4 : 2;
+  static constexpr int kBlockBytes = 256 * W;
+  using SVec = Q4ScaleVec<ST>;
+  using Stage = Q4ActStage<G, CB>;
+  struct Buf {
+    uint32_t w[T][2 * W];
+    SVec s[T];
+  };
+  const uint8_t *pw, *ps;
+  uint32_t dw[T], ds[T];  // byte offsets of tile i's data and scales from tile 0's
+  int k1;
+  bool active;
+  // Staging: the source of this block's rows, and how many rows are read.
+  const __half* ax;
+  const float* asums;
+  int64_t ld, K;
+  int groups, ncols, rows;
+  uint4* sx;  // [2][kBufChunks]
+  float* ss;  // [2][kRows]
+
+  __device__ Q4WarpStream(const DevMat& m, int64_t r0, int end, int valid, const Q4Act& act,
+                          int64_t cbase, int ncols_, void* smem)
+      : k1(end), active(valid > 0), ncols(ncols_) {
+    const int lane = threadIdx.x & 31, g = lane >> 2;
+    groups = static_cast<int>(m.cols / G);
+    const int64_t first_block = (r0 >> 4) * groups;
+    pw = m.data + (first_block * 32 + lane) * (8 * W);
+    ps = m.scales + (first_block * 8 + g) * 4 * kSB;
+#pragma unroll
+    for (int i = 0; i < T; ++i) {
+      const uint32_t ti = static_cast<uint32_t>(max(min(i, valid - 1), 0));
+      dw[i] = ti * static_cast<uint32_t>(groups * kBlockBytes);
+      ds[i] = ti * static_cast<uint32_t>(groups * 32 * kSB);
+    }
+    ld = act.ld;
+    K = act.ld / 2;
+    ax = act.x + cbase * act.ld;
+    asums = act.sums + cbase * groups;
+    // Column blocks run in batches of 4 (Q4WideDot): rows up to the batch holding the last one.
+    rows = min(Stage::kRows, (ncols + 15) / 16 * 16);
+    sx = static_cast<uint4*>(smem);
+    ss = reinterpret_cast<float*>(sx + 2 * Stage::kBufChunks);
+  }
+
+  __device__ __forceinline__ void load(Buf& b, int grp) const {
+    if (!active || grp >= k1) return;
+#pragma unroll
+    for (int i = 0; i < T; ++i) {
+      const uint8_t* p = pw + dw[i] + static_cast<uint32_t>(grp) * kBlockBytes;
+      if constexpr (W == 1) {
+        const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
+        b.w[i][0] = v.x, b.w[i][1] = v.y;
+      } else {
+#pragma unroll
+        for (int q = 0; q < W / 2; ++q) {
+          const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + q);
+          b.w[i][4 * q] = v.x, b.w[i][4 * q + 1] = v.y, b.w[i][4 * q + 2] = v.z,
+                   b.w[i][4 * q + 3] = v.w;
+        }
+      }
+      b.s[i] = __ldcs(
+          reinterpret_cast<const SVec*>(ps + ds[i] + static_cast<uint32_t>(grp) * 32 * kSB));
+    }
+  }
+
+  // All threads of the block: group grp's activations into buffer `buf` (one commit group, empty
+  // past k1).
+  __device__ __forceinline__ void stage(int buf, int grp) const {
+    if (grp < k1) {
+      const int total = rows * 2 * Stage::kChunks;
+      uint4* dst = sx + buf * Stage::kBufChunks;
+      for (int i = threadIdx.x; i < total; i += blockDim.x) {
+        const int seg = i / Stage::kChunks, c = i - seg * Stage::kChunks;
+        const int r = seg >> 1;
+        const bool live = r < ncols;
+        const __half* src =
+            ax + (live ? r : 0) * ld + (seg & 1) * K + static_cast<int64_t>(grp) * G + c * 8;
+        cp_async16(dst + seg * Stage::kStride + c, src, live ? 16 : 0);
+      }
+      for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        const bool live = r < ncols;
+        cp_async4(ss + buf * Stage::kRows + r, asums + (live ? r : 0) * groups + grp,
+                  live ? 4 : 0);
+      }
+    }
+    cp_async_commit();
+  }
+
+  // compute(weights, group, activation buffer) for each group of [k0, k1). The first weights
+  // load before the wait for the kernel before (it prepares the activations).
+  template <class Compute>
+  __device__ __forceinline__ void run(int k0, Compute&& compute) const {
+    Buf b0, b1;
+    load(b0, k0);
+    wait_for_previous_grid();
+    allow_dependent_launch();
+    stage(0, k0);
+    for (int base = k0; base < k1; base += 2) {
+      load(b1, base + 1);
+      stage(1, base + 1);
+      cp_async_wait<1>();
+      __syncthreads();
+      if (active) compute(b0, base, 0);
+      __syncthreads();  // buffer 0 is restaged next
+      load(b0, base + 2);
+      stage(0, base + 2);
+      cp_async_wait<1>();
+      __syncthreads();
+      if (active && base + 1 < k1) compute(b1, base + 1, 1);
+      __syncthreads();
+    }
+    cp_async_wait<0>();
+  }
+};
+
+// d = A*B with a zero accumulator (no moves to clear one).
+__device__ __forceinline__ void mma_f16_zero(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// tot[i][cb][h]: weight row 16*i + g + 8*h of the warp's tiles, activation row 4*cb + t (lane
+// g = lane/4, t = lane%4), scaled by 2^e of that row (colscale). The B operand of column block
+// cb is 4 activation rows, hi and lo parts side by side (column 2i: row i's hi, 2i+1: its lo),
+// exactly as in cuda_gemv_q4.cu, so the lane's C pair is hi + lo of its activation row.
+template <int G, int T, int CB, int ST>
+struct Q4WideDot {
+  using Stream = Q4WarpStream<G, T, CB, ST>;
+  using Stage = typename Stream::Stage;
+  using Buf = typename Stream::Buf;
+  static constexpr int W = Stream::W;
+  // Column blocks per batch (T x CBB independent mma chains); two at group 128, whose four words
+  // per lane double the unpacked weights' registers (four spilled there).
+  static constexpr int CBB = CB < 4 ? CB : W >= 4 ? 2 : 4;
+  Stream ws;
+  int xlane, slane;  // this lane's first chunk (B column) and sum (C row) in a buffer
+  int ncols;
+
+  __device__ Q4WideDot(const Q4Tile& q, const Q4Act& act, int end, int valid, void* smem)
+      : ws(q.m, q.r0, end, valid, act, q.cbase, q.ncols, smem) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    xlane = ((g >> 1) * 2 + (g & 1)) * Stage::kStride + t * W;
+    slane = t;
+    ncols = q.ncols;
+  }
+
+  __device__ __forceinline__ void compute(const Buf& b, int buf, float (&tot)[T][CB][2]) const {
+    uint32_t ea[T][W][4], eb[T][W][4];
+    float sc[T][2], bi[T][2];
+#pragma unroll
+    for (int i = 0; i < T; ++i) {
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        q4w_unpack(b.w[i][w], ea[i][w]);
+        q4w_unpack(b.w[i][W + w], eb[i][w]);
+      }
+      q4_scales<ST>(b.s[i], sc[i], bi[i]);
+    }
+    const uint4* xs = ws.sx + buf * Stage::kBufChunks + xlane;
+    const float* ss = ws.ss + buf * Stage::kRows + slane;
+#pragma unroll
+    for (int cb0 = 0; cb0 < CB; cb0 += CBB) {
+      if (cb0 * 4 >= ncols) break;  // the same for the whole warp
+      uint4 x[CBB][W];
+      float X[CBB];
+#pragma unroll
+      for (int j = 0; j < CBB; ++j) {
+        // Column block cb's rows 4cb.. are segments 8cb..: a compile-time offset.
+#pragma unroll
+        for (int w = 0; w < W; ++w) x[j][w] = lds128(xs + (cb0 + j) * 8 * Stage::kStride + w);
+        X[j] = ss[(cb0 + j) * 4];
+      }
+      float d[T][CBB][4];
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+#pragma unroll
+        for (int j = 0; j < CBB; ++j)
+#pragma unroll
+          for (int i = 0; i < T; ++i) {
+            if (w == 0) {
+              mma_f16_zero(d[i][j], ea[i][w][0], eb[i][w][0], ea[i][w][1], eb[i][w][1], x[j][w].x,
+                           x[j][w].y);
+            } else {
+              mma_f16(d[i][j], ea[i][w][0], eb[i][w][0], ea[i][w][1], eb[i][w][1], x[j][w].x,
+                      x[j][w].y);
+            }
+          }
+#pragma unroll
+        for (int j = 0; j < CBB; ++j)
+#pragma unroll
+          for (int i = 0; i < T; ++i)
+            mma_f16(d[i][j], ea[i][w][2], eb[i][w][2], ea[i][w][3], eb[i][w][3], x[j][w].z,
+                    x[j][w].w);
+      }
+#pragma unroll
+      for (int i = 0; i < T; ++i)
+#pragma unroll
+        for (int j = 0; j < CBB; ++j) {
+          tot[i][cb0 + j][0] += sc[i][0] * (d[i][j][0] + d[i][j][1]) + bi[i][0] * X[j];
+          tot[i][cb0 + j][1] += sc[i][1] * (d[i][j][2] + d[i][j][3]) + bi[i][1] * X[j];
+        }
+    }
+  }
+
+  __device__ __forceinline__ void run(int k0, float (&tot)[T][CB][2]) const {
+#pragma unroll
+    for (int i = 0; i < T; ++i)
+#pragma unroll
+      for (int cb = 0; cb < CB; ++cb) tot[i][cb][0] = tot[i][cb][1] = 0.0f;
+    ws.run(k0, [&](const Buf& b, int, int buf) { compute(b, buf, tot); });
+  }
+};
+
+// Stream-K over block tiles (kBlockTiles 16-row tiles, each job's tiles padded to whole block
+// tiles); warp w of a block takes tiles [w*kTiles, w*kTiles + kTiles) of the block tile over the
+// block's k range, and its split tiles are combined per warp (streamk_fixup's sub-units).
+// kChunks: grouped MoE rows (launch_q4_gemv_chunks), tiles_per_chunk padded tiles per chunk.
+// Dynamic shared memory: Q4ActStage<G, CB>::kBytes.
+template <int G, int CB, int ST, bool kChunks>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    q4w_gemv_kernel(GemvJobs jobs, Q4Act act, int n, StreamK sk, const int32_t* chunks,
+                    int64_t tiles_per_chunk) {
+  extern __shared__ uint4 q4w_smem[];
+  constexpr int T = kTiles;
+  const int64_t unit = blockIdx.x;
+  if (unit >= sk.warps) return;  // the whole block
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  streamk_for_each(sk, unit, [&](int64_t btile, int64_t k0, int64_t k1) {
+    const int64_t tile = btile * kBlockTiles + warp * T;
+    Q4Tile q;
+    if constexpr (kChunks) {
+      // The chunk list is uploaded before the kernels of the MoE layer run: readable now.
+      const int64_t ci = tile / tiles_per_chunk;
+      q = q4_tile(jobs, tile - ci * tiles_per_chunk, tiles_per_chunk, n, Q4Slots{});
+      const int4 c = reinterpret_cast<const int4*>(chunks)[ci];
+      q.m = at_expert(q.m, c.x);
+      q.cbase = c.y;
+      q.ncols = c.z;
+      q.out += static_cast<int64_t>(c.y) * q.m.rows;
+    } else {
+      q = q4_tile(jobs, tile, sk.tiles * kBlockTiles, n, Q4Slots{});
+    }
+    // Padding tiles (no block computes them) still stage and meet the barriers.
+    const int64_t valid64 = (q.m.rows + 15) / 16 - q.r0 / 16;
+    const int valid = static_cast<int>(valid64 < 0 ? 0 : valid64 < T ? valid64 : T);
+    float tot[T][CB][2];
+    Q4WideDot<G, T, CB, ST>(q, act, static_cast<int>(k1), valid, q4w_smem)
+        .run(static_cast<int>(k0), tot);
+    if (valid == 0) return;
+    if (k0 > 0 || k1 < sk.steps) {
+      auto& flat = reinterpret_cast<float(&)[T * CB * 2]>(tot);
+      if (!streamk_fixup(sk, unit, btile, k0 > 0 ? 0 : 1, flat, warp, kWarps)) return;
+    }
+#pragma unroll
+    for (int cb = 0; cb < CB; ++cb) {
+      const int c = cb * 4 + t;  // activation row
+      if (c >= q.ncols) continue;
+      const float scale = act.colscale[(kChunks ? q.cbase : 0) + c];
+#pragma unroll
+      for (int i = 0; i < T; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t r = q.r0 + 16 * i + g + 8 * h;
+          if (r < q.m.rows) q.out[c * q.m.rows + r] = tot[i][cb][h] * scale;
+        }
+    }
+  });
+}
+
+template <int G, int CB, int ST, bool kChunks>
+void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
+                  int64_t block_tiles, const GemvWorkspace& ws, const int32_t* chunks,
+                  int64_t tiles_per_chunk) {
+  const auto kernel = q4w_gemv_kernel<G, CB, ST, kChunks>;
+  constexpr size_t smem = Q4ActStage<G, CB>::kBytes;
+  if constexpr (smem > 48 * 1024) {
+    TM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(smem)));
+  }
+  const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), kWarps * 32, block_tiles,
+                                  jobs.m[0].cols / G, 32 * kTiles * CB * 2, ws, 1, kWarps, smem);
+  launch_pdl(kernel, dim3(static_cast<unsigned>(sk.warps)), dim3(kWarps * 32), smem, st, jobs,
+             act, n, sk, chunks, tiles_per_chunk);
+}
+
+template <int G, int CB, bool kChunks>
+void launch_scale(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
+                  int64_t block_tiles, const GemvWorkspace& ws, const int32_t* chunks,
+                  int64_t tiles_per_chunk) {
+  switch (jobs.m[0].sdtype) {
+    case kBF16:
+      launch_typed<G, CB, kBF16, kChunks>(st, jobs, act, n, block_tiles, ws, chunks,
+                                          tiles_per_chunk);
+      break;
+    case kF16:
+      launch_typed<G, CB, kF16, kChunks>(st, jobs, act, n, block_tiles, ws, chunks,
+                                         tiles_per_chunk);
+      break;
+    default:
+      launch_typed<G, CB, kF32, kChunks>(st, jobs, act, n, block_tiles, ws, chunks,
+                                         tiles_per_chunk);
+  }
+}
+
+template <int CB, bool kChunks>
+void launch_cb(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, int64_t block_tiles,
+               const GemvWorkspace& ws, const int32_t* chunks, int64_t tiles_per_chunk) {
+  switch (act.group) {
+    case 32:
+      launch_scale<32, CB, kChunks>(st, jobs, act, n, block_tiles, ws, chunks, tiles_per_chunk);
+      break;
+    case 64:
+      launch_scale<64, CB, kChunks>(st, jobs, act, n, block_tiles, ws, chunks, tiles_per_chunk);
+      break;
+    default:
+      launch_scale<128, CB, kChunks>(st, jobs, act, n, block_tiles, ws, chunks, tiles_per_chunk);
+  }
+}
+
+// Numbers each job's 16-row tiles from a multiple of kBlockTiles (jobs.first_tile) after checking
+// it matches the prepared activations; returns the padded tiles of all jobs.
+int64_t set_block_first_tiles(GemvJobs& jobs, const Q4Act& act) {
+  int64_t tiles = 0;
+  for (int j = 0; j < jobs.count; ++j) {
+    TM_CUDA_REQUIRE(q4_mma_eligible(jobs.m[j]) && jobs.m[j].group == act.group &&
+                        jobs.m[j].cols == act.ld / 2 && jobs.m[j].sdtype == jobs.m[0].sdtype,
+                    "q4 gemv: matrices must match the prepared activations");
+    jobs.first_tile[j] = tiles;
+    tiles += ((jobs.m[j].rows + 15) / 16 + kBlockTiles - 1) / kBlockTiles * kBlockTiles;
+  }
+  jobs.first_tile[jobs.count] = tiles;
+  return tiles;
+}
+
+}  // namespace
+
+void launch_q4w_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
+                     const GemvWorkspace& ws) {
+  TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs && n >= 1 && n <= kQ4GemvMaxRows &&
+                      act.operands == Q4Operands::kF16,
+                  "q4 wide gemv: 1..4 matrices, 1..64 rows of F16 operands");
+  jobs.shared_offset = 0;
+  const int64_t block_tiles = set_block_first_tiles(jobs, act) / kBlockTiles;
+  if (n <= 16) {
+    launch_cb<4, false>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
+  } else if (n <= 32) {
+    launch_cb<8, false>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
+  } else {
+    launch_cb<kQ4WideCB, false>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
+  }
+  TM_CUDA_LAUNCHED();
+}
+
+void launch_q4_gemv_chunks_old(cudaStream_t st, GemvJobs jobs, const Q4Act& act,
+                               const int32_t* chunks, int64_t n_chunks, const GemvWorkspace& ws);
+void launch_q4_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, const int32_t* chunks,
+                           int64_t n_chunks, const GemvWorkspace& ws) {
+#if defined(TM_Q4W_MIN_ROWS) && TM_Q4W_MIN_ROWS >= 64
+  launch_q4_gemv_chunks_old(st, jobs, act, chunks, n_chunks, ws);
+  return;
+#endif
+  TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs && n_chunks >= 1,
+                  "q4 gemv chunks: 1..4 matrices and at least one chunk");
+  TM_CUDA_REQUIRE(act.operands == Q4Operands::kF16 && reinterpret_cast<uintptr_t>(chunks) % 16 == 0,
+                  "q4 gemv chunks: F16 operands and a 16-byte aligned chunk list");
+  jobs.shared_offset = 0;
+  const int64_t tiles_per_chunk = set_block_first_tiles(jobs, act);
+  launch_cb<kQ4WideCB, true>(st, jobs, act, kQ4GemvMaxRows, tiles_per_chunk / kBlockTiles * n_chunks,
+                             ws, chunks, tiles_per_chunk);
+  TM_CUDA_LAUNCHED();
+}
+
+}  // namespace tokenmill::cuda
