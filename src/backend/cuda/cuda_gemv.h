@@ -122,7 +122,7 @@ void launch_q4_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, con
                            int64_t n_chunks, const GemvWorkspace& ws);
 
 // The weight-stationary F16-operand kernel for more rows (cuda_gemv_q4w.cu): out[j][i, r] for
-// the n prepared rows (1..kQ4GemvMaxRows).
+// the n prepared rows (17..kQ4GemvMaxRows).
 void launch_q4w_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
                      const GemvWorkspace& ws);
 

@@ -1,7 +1,9 @@
-// Decode GEMV for MLX 4-bit weights with 5..64 activation rows (batched decode, speculative
+// Decode GEMV for MLX 4-bit weights with 5..16 activation rows (batched decode, speculative
 // verify), on tensor cores: mma.sync m16n8k16 with F16 operands and F32 accumulation, reading
-// the weights in a tile layout made at upload ("The tile layout" in cuda_q4_pack.cu). One to
-// four rows and MoE slots take the 8-bit digit kernel (cuda_gemv_q4d.cu).
+// the weights in a tile layout made at upload ("The tile layout" in cuda_q4_pack.cu); the
+// activation preparation of every F16-operand kernel. One to four rows and MoE slots take the
+// 8-bit digit kernel (cuda_gemv_q4d.cu), 17..64 rows the weight-stationary one
+// (cuda_gemv_q4w.cu).
 //
 // Why: a SIMT 4-bit GEMV spends about 6 instructions per weight byte unpacking nibbles and doing
 // FMAs, which caps it near a quarter of HBM bandwidth on an H200. Here one 32-bit word of 8
@@ -125,17 +127,12 @@ __device__ __forceinline__ void unpack_word(uint32_t w, uint32_t (&e)[4]) {
 // 2i: row i's hi part, 2i+1: its lo part), so one mma serves both parts, and the lane's C
 // fragment (columns 2t, 2t+1) is exactly activation row t of the block: hi + lo. Returns
 // tot[cb][0] (row g) and tot[cb][1] (row g+8) for activation row 4*cb + t. Offsets inside a
-// tile are 32-bit; the tile's base pointers are computed once.
-//
-// Up to 16 activation rows (CB <= 4) every column block's accumulators stay live across the
-// group's words (short mma chains). Wider (CB = kQ4WideCB, 17..64 rows: batched decode and
-// speculative verify) the words are unpacked once and the column blocks run one after another,
-// each applying its scale at once, so registers do not grow with the rows; column blocks past
-// the last activation row are skipped.
+// tile are 32-bit; the tile's base pointers are computed once. Every column block's accumulators
+// stay live across the group's words (short mma chains).
 template <int G, int CB, int U, int ST>
 struct Q4TileDot {
-  static constexpr bool kWide = CB > 4;
-  static constexpr int kOffs = kWide ? 1 : CB;  // per-column-block offsets kept (narrow)
+  static_assert(CB <= 4, "17..64 rows: the weight-stationary kernel (cuda_gemv_q4w.cu)");
+  static constexpr int kOffs = CB;
   using Stream = Q4TileStream<G, U, ST>;
   using Buf = typename Stream::Buf;
   static constexpr int W = Stream::W;
@@ -148,10 +145,6 @@ struct Q4TileDot {
   uint32_t xoff[kOffs];  // this lane's B column (hi or lo part of one activation row)
   uint32_t soff[kOffs];  // per-group sums of this lane's C activation row
   bool has_x[kOffs], has_s[kOffs];
-  // Wide: column block cb's offsets are xoff[0] + cb * xstep and soff[0] + cb * sstep, its rows
-  // 4*cb + xrow (B) and 4*cb + srow (C), valid below ncols.
-  uint32_t xstep = 0, sstep = 0;
-  int xrow = 0, srow = 0, ncols = 0;
 
   __device__ Q4TileDot(const Q4Tile& q, const Q4Act& act, int end) : ws(q.m, q.r0, end) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -165,26 +158,12 @@ struct Q4TileDot {
       has_x[cb] = xr < q.ncols;
       has_s[cb] = sr < q.ncols;
       xoff[cb] = static_cast<uint32_t>(
-          ((q.cbase + (has_x[cb] || kWide ? xr : 0)) * act.ld + (g & 1) * K) / 8 + t * W);
-      soff[cb] = static_cast<uint32_t>((q.cbase + (has_s[cb] || kWide ? sr : 0)) * groups);
+          ((q.cbase + (has_x[cb] ? xr : 0)) * act.ld + (g & 1) * K) / 8 + t * W);
+      soff[cb] = static_cast<uint32_t>((q.cbase + (has_s[cb] ? sr : 0)) * groups);
     }
-    xstep = static_cast<uint32_t>(4 * act.ld / 8);
-    sstep = static_cast<uint32_t>(4 * groups);
-    xrow = g / 2;
-    srow = t;
-    ncols = q.ncols;
   }
 
   __device__ __forceinline__ void compute(const Buf& b, int base, float (&tot)[CB][2]) const {
-    if constexpr (kWide) {
-      compute_wide(b, base, tot);
-    } else {
-      compute_narrow(b, base, tot);
-    }
-  }
-
-  __device__ __forceinline__ void compute_narrow(const Buf& b, int base,
-                                                 float (&tot)[CB][2]) const {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int grp = base + u;
@@ -228,38 +207,6 @@ struct Q4TileDot {
     }
   }
 
-  __device__ __forceinline__ void compute_wide(const Buf& b, int base, float (&tot)[CB][2]) const {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int grp = base + u;
-      if (grp >= ws.k1) break;
-      uint32_t ea[W][4], eb[W][4];
-#pragma unroll
-      for (int w = 0; w < W; ++w) {
-        unpack_word(b.w[u][w], ea[w]);
-        unpack_word(b.w[u][W + w], eb[w]);
-      }
-      float sc[2], bi[2];
-      q4_scales<ST>(b.s[u], sc, bi);
-#pragma unroll
-      for (int cb = 0; cb < CB; ++cb) {
-        if (cb * 4 >= ncols) break;  // the same for the whole warp
-        const bool hx = cb * 4 + xrow < ncols, hs = cb * 4 + srow < ncols;
-        const uint32_t xo = xoff[0] + cb * xstep + grp * (G / 8);
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int w = 0; w < W; ++w) {
-          const uint4 x = hx ? __ldg(xbase + (xo + w)) : make_uint4(0, 0, 0, 0);
-          mma_f16(d, ea[w][0], eb[w][0], ea[w][1], eb[w][1], x.x, x.y);
-          mma_f16(d, ea[w][2], eb[w][2], ea[w][3], eb[w][3], x.z, x.w);
-        }
-        const float X = hs ? __ldg(sbase + (soff[0] + cb * sstep + grp)) : 0.0f;
-        tot[cb][0] += sc[0] * (d[0] + d[1]) + bi[0] * X;
-        tot[cb][1] += sc[1] * (d[2] + d[3]) + bi[1] * X;
-      }
-    }
-  }
-
   // Weights and scales (HBM) are loaded a buffer ahead (Q4TileStream); activations and their
   // sums (a few KB, L1/L2-resident) when used.
   __device__ __forceinline__ void run(int k0, float (&tot)[CB][2]) const {
@@ -270,28 +217,14 @@ struct Q4TileDot {
 };
 
 // Each warp takes an equal range of the flattened (tile, group) work (cuda_streamk.cuh).
-// kChunks: grouped MoE rows (launch_q4_gemv_chunks), tiles_per_chunk tiles per chunk.
-template <int G, int CB, int U, int ST, bool kChunks>
+template <int G, int CB, int U, int ST>
 __global__ void __launch_bounds__(128, 2)
-    q4_gemv_kernel(GemvJobs jobs, Q4Act act, int n, StreamK sk, const int32_t* chunks,
-                   int64_t tiles_per_chunk) {
+    q4_gemv_kernel(GemvJobs jobs, Q4Act act, int n, StreamK sk) {
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1) {
-    Q4Tile q;
-    if constexpr (kChunks) {
-      // The chunk list is uploaded before the kernels of the MoE layer run: readable now.
-      const int64_t ci = tile / tiles_per_chunk;
-      q = q4_tile(jobs, tile - ci * tiles_per_chunk, tiles_per_chunk, n, Q4Slots{});
-      const int4 c = reinterpret_cast<const int4*>(chunks)[ci];
-      q.m = at_expert(q.m, c.x);
-      q.cbase = c.y;
-      q.ncols = c.z;
-      q.out += static_cast<int64_t>(c.y) * q.m.rows;
-    } else {
-      q = q4_tile(jobs, tile, sk.tiles, n, Q4Slots{});
-    }
+    const Q4Tile q = q4_tile(jobs, tile, sk.tiles, n, Q4Slots{});
     float tot[CB][2];
     Q4TileDot<G, CB, U, ST>(q, act, static_cast<int>(k1)).run(static_cast<int>(k0), tot);
     if (k0 > 0 || k1 < sk.steps) {
@@ -302,7 +235,7 @@ __global__ void __launch_bounds__(128, 2)
     for (int cb = 0; cb < CB; ++cb) {
       const int c = cb * 4 + t;  // activation row
       if (c >= q.ncols) continue;
-      const float scale = act.colscale[(kChunks ? q.cbase : 0) + c];
+      const float scale = act.colscale[c];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t r = q.r0 + g + 8 * h;
@@ -312,33 +245,32 @@ __global__ void __launch_bounds__(128, 2)
   });
 }
 
-template <int G, int CB, int ST, bool kChunks>
+template <int G, int CB, int ST>
 void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, int64_t tiles,
-                  const GemvWorkspace& ws, const int32_t* chunks, int64_t tiles_per_chunk) {
-  // Groups per buffer: 64 bytes of weights per lane (32 at group 128, and for the wide kernel),
-  // so each warp keeps 2-4 KB in flight.
-  constexpr int U = CB > 4 ? 2 : G == 128 ? 2 : 4;
-  const auto kernel = q4_gemv_kernel<G, CB, U, ST, kChunks>;
+                  const GemvWorkspace& ws) {
+  // Groups per buffer: 64 bytes of weights per lane (32 at group 128), so each warp keeps 2-4 KB
+  // in flight.
+  constexpr int U = G == 128 ? 2 : 4;
+  const auto kernel = q4_gemv_kernel<G, CB, U, ST>;
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
                                   jobs.m[0].cols / G, 32 * CB * 2, ws);
   // Dependent launch: the warps start streaming weights while the preparation kernel runs.
   launch_pdl(kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), 0, st, jobs, act,
-             n, sk, chunks, tiles_per_chunk);
+             n, sk);
 }
 
-template <int G, int CB, bool kChunks = false>
+template <int G, int CB>
 void launch_group(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, int64_t tiles,
-                  const GemvWorkspace& ws, const int32_t* chunks = nullptr,
-                  int64_t tiles_per_chunk = 0) {
+                  const GemvWorkspace& ws) {
   switch (jobs.m[0].sdtype) {
     case kBF16:
-      launch_typed<G, CB, kBF16, kChunks>(st, jobs, act, n, tiles, ws, chunks, tiles_per_chunk);
+      launch_typed<G, CB, kBF16>(st, jobs, act, n, tiles, ws);
       break;
     case kF16:
-      launch_typed<G, CB, kF16, kChunks>(st, jobs, act, n, tiles, ws, chunks, tiles_per_chunk);
+      launch_typed<G, CB, kF16>(st, jobs, act, n, tiles, ws);
       break;
     default:
-      launch_typed<G, CB, kF32, kChunks>(st, jobs, act, n, tiles, ws, chunks, tiles_per_chunk);
+      launch_typed<G, CB, kF32>(st, jobs, act, n, tiles, ws);
   }
 }
 
@@ -443,23 +375,18 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
   }
   TM_CUDA_REQUIRE(ids == nullptr && n > kQ4DigitMaxRows,
                   "q4 gemv: F16 operands are for 5..64 rows (fewer and MoE slots: digits)");
-#ifndef TM_Q4W_MIN_ROWS
-#define TM_Q4W_MIN_ROWS 16
-#endif
-  if (n > TM_Q4W_MIN_ROWS) {
+  if (n > 16) {
     launch_q4w_gemv(st, jobs, act, n, ws);
     return;
   }
   // Column blocks of 4 rows.
-  const int cb = n <= 8 ? 2 : n <= 16 ? 4 : kQ4WideCB;
+  const int cb = n <= 8 ? 2 : 4;
   auto by_cb = [&](auto group_tag) {
     constexpr int G = decltype(group_tag)::value;
     if (cb == 2) {
       launch_group<G, 2>(st, jobs, act, n, tiles, ws);
-    } else if (cb == 4) {
-      launch_group<G, 4>(st, jobs, act, n, tiles, ws);
     } else {
-      launch_group<G, kQ4WideCB>(st, jobs, act, n, tiles, ws);
+      launch_group<G, 4>(st, jobs, act, n, tiles, ws);
     }
   };
   switch (act.group) {
@@ -471,31 +398,6 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
       break;
     default:
       by_cb(std::integral_constant<int, 128>{});
-  }
-  TM_CUDA_LAUNCHED();
-}
-
-void launch_q4_gemv_chunks_old(cudaStream_t st, GemvJobs jobs, const Q4Act& act, const int32_t* chunks,
-                           int64_t n_chunks, const GemvWorkspace& ws) {
-  TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs && n_chunks >= 1,
-                  "q4 gemv chunks: 1..4 matrices and at least one chunk");
-  TM_CUDA_REQUIRE(act.operands == Q4Operands::kF16 && reinterpret_cast<uintptr_t>(chunks) % 16 == 0,
-                  "q4 gemv chunks: F16 operands and a 16-byte aligned chunk list");
-  const int64_t tiles_per_chunk = set_first_tiles(jobs, act);
-  jobs.shared_offset = 0;
-  const int64_t tiles = tiles_per_chunk * n_chunks;
-  switch (act.group) {
-    case 32:
-      launch_group<32, kQ4WideCB, true>(st, jobs, act, kQ4GemvMaxRows, tiles, ws, chunks,
-                                        tiles_per_chunk);
-      break;
-    case 64:
-      launch_group<64, kQ4WideCB, true>(st, jobs, act, kQ4GemvMaxRows, tiles, ws, chunks,
-                                        tiles_per_chunk);
-      break;
-    default:
-      launch_group<128, kQ4WideCB, true>(st, jobs, act, kQ4GemvMaxRows, tiles, ws, chunks,
-                                         tiles_per_chunk);
   }
   TM_CUDA_LAUNCHED();
 }

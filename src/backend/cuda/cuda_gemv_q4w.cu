@@ -26,11 +26,11 @@ namespace tokenmill::cuda {
 namespace {
 
 constexpr int kWarps = 4;  // per block; they share the block's k range
-#ifndef TM_Q4W_TILES
-#define TM_Q4W_TILES 2
-#endif
-constexpr int kTiles = TM_Q4W_TILES;          // 16-row tiles per warp
+constexpr int kTiles = 2;                     // 16-row tiles per warp
 constexpr int kBlockTiles = kWarps * kTiles;  // stream-K's unit
+// Fewest groups per block: a small matrix split one group per block spends its time in fixups
+// (each reads 2 KB of partials per warp from every block of the tile).
+constexpr int kMinSteps = 8;
 
 // cp.async of 16 bytes (4 with cp_async4) into shared memory; bytes past src_bytes are zeros.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
@@ -162,17 +162,26 @@ struct Q4WarpStream {
   // past k1).
   __device__ __forceinline__ void stage(int buf, int grp) const {
     if (grp < k1) {
-      const int total = rows * 2 * Stage::kChunks;
-      uint4* dst = sx + buf * Stage::kBufChunks;
-      for (int i = threadIdx.x; i < total; i += blockDim.x) {
-        const int seg = i / Stage::kChunks, c = i - seg * Stage::kChunks;
+      // Chunk i = threadIdx.x + kThreads * k is chunk i % kChunks of segment i / kChunks: a
+      // thread's chunk column is fixed and its segments step by kThreads / kChunks (powers of
+      // two, so this is shifts and masks).
+      constexpr int kThreads = kWarps * 32;
+      constexpr int kIters = (Stage::kRows * 2 * Stage::kChunks + kThreads - 1) / kThreads;
+      const int c = threadIdx.x % Stage::kChunks;
+      const __half* src0 = ax + static_cast<int64_t>(grp) * G + c * 8;
+      uint4* dst = sx + buf * Stage::kBufChunks + c;
+#pragma unroll 1
+      for (int k = 0; k < kIters; ++k) {
+        const int seg = (threadIdx.x + kThreads * k) / Stage::kChunks;
         const int r = seg >> 1;
-        const bool live = r < ncols;
-        const __half* src =
-            ax + (live ? r : 0) * ld + (seg & 1) * K + static_cast<int64_t>(grp) * G + c * 8;
-        cp_async16(dst + seg * Stage::kStride + c, src, live ? 16 : 0);
+        if (seg < Stage::kRows * 2 && r < rows) {
+          const bool live = r < ncols;
+          cp_async16(dst + seg * Stage::kStride, src0 + (live ? r * ld + (seg & 1) * K : 0),
+                     live ? 16 : 0);
+        }
       }
-      for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+      if (threadIdx.x < rows) {
+        const int r = threadIdx.x;
         const bool live = r < ncols;
         cp_async4(ss + buf * Stage::kRows + r, asums + (live ? r : 0) * groups + grp,
                   live ? 4 : 0);
@@ -295,8 +304,14 @@ struct Q4WideDot {
       for (int i = 0; i < T; ++i)
 #pragma unroll
         for (int j = 0; j < CBB; ++j) {
-          tot[i][cb0 + j][0] += sc[i][0] * (d[i][j][0] + d[i][j][1]) + bi[i][0] * X[j];
-          tot[i][cb0 + j][1] += sc[i][1] * (d[i][j][2] + d[i][j][3]) + bi[i][1] * X[j];
+          // Three FMAs per output (hi, lo, bias term), no separate adds.
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float& o = tot[i][cb0 + j][h];
+            o = fmaf(sc[i][h], d[i][j][2 * h], o);
+            o = fmaf(sc[i][h], d[i][j][2 * h + 1], o);
+            o = fmaf(bi[i][h], X[j], o);
+          }
         }
     }
   }
@@ -377,7 +392,7 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
                                  static_cast<int>(smem)));
   }
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), kWarps * 32, block_tiles,
-                                  jobs.m[0].cols / G, 32 * kTiles * CB * 2, ws, 1, kWarps, smem);
+                                  jobs.m[0].cols / G, 32 * kTiles * CB * 2, ws, kMinSteps, kWarps, smem);
   launch_pdl(kernel, dim3(static_cast<unsigned>(sk.warps)), dim3(kWarps * 32), smem, st, jobs,
              act, n, sk, chunks, tiles_per_chunk);
 }
@@ -435,14 +450,12 @@ int64_t set_block_first_tiles(GemvJobs& jobs, const Q4Act& act) {
 
 void launch_q4w_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
                      const GemvWorkspace& ws) {
-  TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs && n >= 1 && n <= kQ4GemvMaxRows &&
-                      act.operands == Q4Operands::kF16,
-                  "q4 wide gemv: 1..4 matrices, 1..64 rows of F16 operands");
+  TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs && n > 16 &&
+                      n <= kQ4GemvMaxRows && act.operands == Q4Operands::kF16,
+                  "q4 wide gemv: 1..4 matrices, 17..64 rows of F16 operands");
   jobs.shared_offset = 0;
   const int64_t block_tiles = set_block_first_tiles(jobs, act) / kBlockTiles;
-  if (n <= 16) {
-    launch_cb<4, false>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
-  } else if (n <= 32) {
+  if (n <= 32) {
     launch_cb<8, false>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
   } else {
     launch_cb<kQ4WideCB, false>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
@@ -450,14 +463,8 @@ void launch_q4w_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
   TM_CUDA_LAUNCHED();
 }
 
-void launch_q4_gemv_chunks_old(cudaStream_t st, GemvJobs jobs, const Q4Act& act,
-                               const int32_t* chunks, int64_t n_chunks, const GemvWorkspace& ws);
 void launch_q4_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, const int32_t* chunks,
                            int64_t n_chunks, const GemvWorkspace& ws) {
-#if defined(TM_Q4W_MIN_ROWS) && TM_Q4W_MIN_ROWS >= 64
-  launch_q4_gemv_chunks_old(st, jobs, act, chunks, n_chunks, ws);
-  return;
-#endif
   TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs && n_chunks >= 1,
                   "q4 gemv chunks: 1..4 matrices and at least one chunk");
   TM_CUDA_REQUIRE(act.operands == Q4Operands::kF16 && reinterpret_cast<uintptr_t>(chunks) % 16 == 0,
