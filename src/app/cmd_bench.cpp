@@ -160,6 +160,7 @@ void bench_command(BenchOptions o) {
                                                  o.temperature, o.top_k, o.top_p)
                                    : "greedy";
   eo.max_seqs = max_batch;
+  eo.host_pool = be.pool.get();  // sampled rows of a step in parallel
   eo.max_step_tokens = cpu ? 512 : 8192;
   eo.prefill_chunk = eo.max_step_tokens;
   eo.max_context = max_len + 8;

@@ -216,6 +216,9 @@ void run_server(const ServeOptions& o) {
     ServingModel& lm = loaded[i];
     EngineOptions eo = engine_options[i];
     eo.memory_budget_bytes = budget.bytes;
+    // The pool runs one job at a time: with one model, its engine thread samples the rows of a
+    // step on it between forwards; several engines would call it at once.
+    if (settings.models.size() == 1) eo.host_pool = be.pool.get();
     lm.engine = std::make_unique<Engine>(*lm.model, eo);
     server::ServedModel sm;
     sm.name = ms.name;

@@ -13,6 +13,7 @@
 namespace tokenmill {
 
 class Model;
+class ThreadPool;
 
 struct EngineOptions {
   int max_seqs = 16;          // sequences running at once
@@ -25,6 +26,11 @@ struct EngineOptions {
   DType kv_dtype = DType::F32;              // KV cache elements (F32 or BF16)
   int max_context = 0;  // 0: the model's max_position_embeddings (capped by memory)
   uint64_t seed = 0;    // seeds requests that give none
+  // Host threads for per-row work between forwards (sampling rows of a step in parallel); may
+  // be the CPU backend's pool, which the engine thread uses only between the model's ops. Not
+  // owned; nullptr: one row after another. Results do not depend on it (each request samples
+  // from its own generator).
+  ThreadPool* host_pool = nullptr;
 };
 
 struct EngineStats {

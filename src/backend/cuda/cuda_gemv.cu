@@ -253,8 +253,8 @@ StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t ste
   const int64_t by_partials =
       static_cast<int64_t>(ws.partial_floats / (2 * static_cast<size_t>(slot_floats) * subs));
   const int64_t by_min_steps = (tiles * steps + min_steps - 1) / min_steps;
-  sk.warps = std::max<int64_t>(
-      1, std::min({resident, by_min_steps, ws.max_warps / subs, by_partials}));
+  sk.warps =
+      std::max<int64_t>(1, std::min({resident, by_min_steps, ws.max_warps / subs, by_partials}));
   sk.partials = ws.partials;
   sk.counters = ws.counters;
   sk.slot_floats = slot_floats;

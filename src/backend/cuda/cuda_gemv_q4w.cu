@@ -25,7 +25,7 @@
 namespace tokenmill::cuda {
 namespace {
 
-constexpr int kWarps = 4;  // per block; they share the block's k range
+constexpr int kWarps = 4;                     // per block; they share the block's k range
 constexpr int kTiles = 2;                     // 16-row tiles per warp
 constexpr int kBlockTiles = kWarps * kTiles;  // stream-K's unit
 // Fewest groups per block: a small matrix split one group per block spends its time in fixups
@@ -43,7 +43,9 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_by
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(src_bytes)
                : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
@@ -150,11 +152,11 @@ struct Q4WarpStream {
         for (int q = 0; q < W / 2; ++q) {
           const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + q);
           b.w[i][4 * q] = v.x, b.w[i][4 * q + 1] = v.y, b.w[i][4 * q + 2] = v.z,
-                   b.w[i][4 * q + 3] = v.w;
+                     b.w[i][4 * q + 3] = v.w;
         }
       }
-      b.s[i] = __ldcs(
-          reinterpret_cast<const SVec*>(ps + ds[i] + static_cast<uint32_t>(grp) * 32 * kSB));
+      b.s[i] =
+          __ldcs(reinterpret_cast<const SVec*>(ps + ds[i] + static_cast<uint32_t>(grp) * 32 * kSB));
     }
   }
 
@@ -183,8 +185,7 @@ struct Q4WarpStream {
       if (threadIdx.x < rows) {
         const int r = threadIdx.x;
         const bool live = r < ncols;
-        cp_async4(ss + buf * Stage::kRows + r, asums + (live ? r : 0) * groups + grp,
-                  live ? 4 : 0);
+        cp_async4(ss + buf * Stage::kRows + r, asums + (live ? r : 0) * groups + grp, live ? 4 : 0);
       }
     }
     cp_async_commit();
@@ -391,10 +392,11 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
     TM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(smem)));
   }
-  const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), kWarps * 32, block_tiles,
-                                  jobs.m[0].cols / G, 32 * kTiles * CB * 2, ws, kMinSteps, kWarps, smem);
-  launch_pdl(kernel, dim3(static_cast<unsigned>(sk.warps)), dim3(kWarps * 32), smem, st, jobs,
-             act, n, sk, chunks, tiles_per_chunk);
+  const StreamK sk =
+      plan_streamk(reinterpret_cast<const void*>(kernel), kWarps * 32, block_tiles,
+                   jobs.m[0].cols / G, 32 * kTiles * CB * 2, ws, kMinSteps, kWarps, smem);
+  launch_pdl(kernel, dim3(static_cast<unsigned>(sk.warps)), dim3(kWarps * 32), smem, st, jobs, act,
+             n, sk, chunks, tiles_per_chunk);
 }
 
 template <int G, int CB, bool kChunks>
@@ -450,8 +452,8 @@ int64_t set_block_first_tiles(GemvJobs& jobs, const Q4Act& act) {
 
 void launch_q4w_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
                      const GemvWorkspace& ws) {
-  TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs && n > 16 &&
-                      n <= kQ4GemvMaxRows && act.operands == Q4Operands::kF16,
+  TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs && n > 16 && n <= kQ4GemvMaxRows &&
+                      act.operands == Q4Operands::kF16,
                   "q4 wide gemv: 1..4 matrices, 17..64 rows of F16 operands");
   jobs.shared_offset = 0;
   const int64_t block_tiles = set_block_first_tiles(jobs, act) / kBlockTiles;
@@ -471,8 +473,8 @@ void launch_q4_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, con
                   "q4 gemv chunks: F16 operands and a 16-byte aligned chunk list");
   jobs.shared_offset = 0;
   const int64_t tiles_per_chunk = set_block_first_tiles(jobs, act);
-  launch_cb<kQ4WideCB, true>(st, jobs, act, kQ4GemvMaxRows, tiles_per_chunk / kBlockTiles * n_chunks,
-                             ws, chunks, tiles_per_chunk);
+  launch_cb<kQ4WideCB, true>(st, jobs, act, kQ4GemvMaxRows,
+                             tiles_per_chunk / kBlockTiles * n_chunks, ws, chunks, tiles_per_chunk);
   TM_CUDA_LAUNCHED();
 }
 

@@ -58,17 +58,16 @@ __device__ __forceinline__ void streamk_for_each(const StreamK& sk, int64_t w, F
 // Called by all 32 lanes of the warp that computed steps [k0, k1) of tile t, a strict part of it,
 // with its `vals` (this lane's share, kCount floats). A unit of work may be several warps (a
 // block), each computing its own part `sub` of `subs` of the unit's tiles: each sub-unit then has
-// its own partial slots and counters ([warps][subs] of each). Writes them to the warp's slot and returns
-// true on the one warp that must now write the tile's output; `vals` then holds the lane's share
-// of the complete sums, added in warp order.
+// its own partial slots and counters ([warps][subs] of each). Writes them to the warp's slot and
+// returns true on the one warp that must now write the tile's output; `vals` then holds the lane's
+// share of the complete sums, added in warp order.
 //
 // The last warp reads the other warps' partials in batches of independent loads: read one after
 // another (one L2 round trip each), the 32 partials of a small MoE matrix split 32 ways took
 // about 15 us, ten times the matrix's own reading.
 template <int kCount>
 __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int64_t t, int slot,
-                                              float (&vals)[kCount], int sub = 0,
-                                              int subs = 1) {
+                                              float (&vals)[kCount], int sub = 0, int subs = 1) {
   const int lane = threadIdx.x & 31;
   float* mine = sk.partials + ((w * subs + sub) * 2 + slot) * sk.slot_floats + lane * kCount;
 #pragma unroll
@@ -91,8 +90,8 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int64_t ww = min(base + b, w1);  // past w1: a repeated load, not added
-      const float* p =
-          sk.partials + ((ww * subs + sub) * 2 + sk.slot_of(ww, t)) * sk.slot_floats + lane * kCount;
+      const float* p = sk.partials + ((ww * subs + sub) * 2 + sk.slot_of(ww, t)) * sk.slot_floats +
+                       lane * kCount;
 #pragma unroll
       for (int i = 0; i < kCount; ++i) got[b][i] = __ldcg(p + i);  // past L1: other SMs wrote it
     }
