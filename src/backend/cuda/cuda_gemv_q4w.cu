@@ -10,10 +10,13 @@
 // - a warp holds kTiles tiles and multiplies each activation fragment it loads by all of them
 //   (kTiles times fewer activation loads per mma);
 // - the four warps of a block take adjacent tiles over the same k range (stream-K divides block
-//   tiles, not warp tiles), so a group's activations come from L2 once per block and from L1
-//   for the other warps;
+//   tiles, not warp tiles) and the block stages each group's activations in shared memory one
+//   group ahead (cp.async), read back with 128-bit loads at compile-time offsets;
 // - column blocks go in batches of four with an accumulator each, so a warp has kTiles x 4
 //   independent mma chains in flight instead of one.
+// Measured (docs/PERFORMANCE.md, S9 notes): 5.8% -> 6.5% of the bandwidth at 64 rows, 27B batch
+// 64 +7%. The activation stalls are gone; what bounds it now is about 7 instructions per mma
+// (the FP32 epilogue per group, nibble unpacking, staging) at two warps per scheduler.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
