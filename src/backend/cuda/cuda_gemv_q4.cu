@@ -105,21 +105,6 @@ __global__ void __launch_bounds__(kQ4Threads)
   }
 }
 
-__device__ __forceinline__ uint32_t minus_1024(uint32_t v) {
-  uint32_t r;
-  asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(0x64006400u));
-  return r;
-}
-
-// The four f16x2 operands of one word (see the file comment).
-__device__ __forceinline__ void unpack_word(uint32_t w, uint32_t (&e)[4]) {
-  e[0] = minus_1024((w & 0x000F000Fu) | 0x64006400u);
-  e[1] = minus_1024((w & 0x00F000F0u) | 0x64006400u);
-  const uint32_t h = w >> 8;
-  e[2] = minus_1024((h & 0x000F000Fu) | 0x64006400u);
-  e[3] = minus_1024((h & 0x00F000F0u) | 0x64006400u);
-}
-
 // Groups [k0, k1) of one 16-row tile, in the tile layout (cuda_q4_pack.cu). Lane
 // (g = lane/4, t = lane%4) holds weight rows g and g+8 and words [t*W, t*W+W) of each group:
 // one load of 8W contiguous bytes, and one load of its rows' scales and biases. The mma's 8
@@ -180,8 +165,8 @@ struct Q4TileDot {
 #pragma unroll
       for (int w = 0; w < W; ++w) {
         uint32_t ea[4], eb[4];
-        unpack_word(b.w[u][w], ea);
-        unpack_word(b.w[u][W + w], eb);
+        q4_unpack_word(b.w[u][w], ea);
+        q4_unpack_word(b.w[u][W + w], eb);
 #pragma unroll
         for (int cb = 0; cb < CB; ++cb) {
           const uint4 x =

@@ -43,6 +43,22 @@ __device__ __forceinline__ Q4Tile q4_tile(const GemvJobs& jobs, int64_t t, int64
   return q;
 }
 
+// The four f16x2 mma operands of one word of 8 nibbles (v_i in bits [4i, 4i+4)): the exact
+// integers (v0, v4), (16*v1, 16*v5), (v2, v6), (16*v3, 16*v7) (see cuda_gemv_q4.cu's file
+// comment: v | 0x6400 is the f16 1024 + v, and the 1024 goes before the mma).
+__device__ __forceinline__ uint32_t q4_minus_1024(uint32_t v) {
+  uint32_t r;
+  asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(0x64006400u));
+  return r;
+}
+__device__ __forceinline__ void q4_unpack_word(uint32_t w, uint32_t (&e)[4]) {
+  e[0] = q4_minus_1024((w & 0x000F000Fu) | 0x64006400u);
+  e[1] = q4_minus_1024((w & 0x00F000F0u) | 0x64006400u);
+  const uint32_t h = w >> 8;
+  e[2] = q4_minus_1024((h & 0x000F000Fu) | 0x64006400u);
+  e[3] = q4_minus_1024((h & 0x00F000F0u) | 0x64006400u);
+}
+
 // A lane's scales and biases of one (tile, group) block: rows g and g+8, one 8-byte load (F32:
 // 16 bytes).
 template <int ST>

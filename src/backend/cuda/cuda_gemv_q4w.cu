@@ -62,20 +62,6 @@ __device__ __forceinline__ uint4 lds128(const uint4* p) {
   return v;
 }
 
-// The four f16x2 operands of one word (see cuda_gemv_q4.cu's file comment).
-__device__ __forceinline__ uint32_t q4w_minus_1024(uint32_t v) {
-  uint32_t r;
-  asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(0x64006400u));
-  return r;
-}
-__device__ __forceinline__ void q4w_unpack(uint32_t w, uint32_t (&e)[4]) {
-  e[0] = q4w_minus_1024((w & 0x000F000Fu) | 0x64006400u);
-  e[1] = q4w_minus_1024((w & 0x00F000F0u) | 0x64006400u);
-  const uint32_t h = w >> 8;
-  e[2] = q4w_minus_1024((h & 0x000F000Fu) | 0x64006400u);
-  e[3] = q4w_minus_1024((h & 0x00F000F0u) | 0x64006400u);
-}
-
 // One block's share of the prepared activations: a group's CB*4 rows, hi and lo parts
 // ("segments" of G halves, row r's part p is segment 2r + p), and their group sums, in shared
 // memory, two groups' buffers. A segment's G/8 16-byte chunks are followed by a pad chunk (none
@@ -263,8 +249,8 @@ struct Q4WideDot {
     for (int i = 0; i < T; ++i) {
 #pragma unroll
       for (int w = 0; w < W; ++w) {
-        q4w_unpack(b.w[i][w], ea[i][w]);
-        q4w_unpack(b.w[i][W + w], eb[i][w]);
+        q4_unpack_word(b.w[i][w], ea[i][w]);
+        q4_unpack_word(b.w[i][W + w], eb[i][w]);
       }
       q4_scales<ST>(b.s[i], sc[i], bi[i]);
     }

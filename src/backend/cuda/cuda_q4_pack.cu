@@ -18,7 +18,7 @@ namespace {
 // - scales: block (tile, group) is 8 x 4 values of the scale type, [g][scale(row g), bias(row
 //   g), scale(row g+8), bias(row g+8)]: one 8-byte (F32: 16-byte) load per lane.
 // Blocks go tile-major (a tile's groups are consecutive), then expert. Words keep their nibble
-// order, so unpack_word and the prepared activations are unchanged.
+// order, so q4_unpack_word and the prepared activations are unchanged.
 
 // One thread per destination word; blockIdx.y = expert.
 __global__ void q4_pack_data_kernel(const uint32_t* __restrict__ src, int64_t rows, int64_t cols,
