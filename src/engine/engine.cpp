@@ -132,6 +132,20 @@ void check_sampling(const SamplingParams& sp) {
     fail("presence_penalty and frequency_penalty must be finite, got {} and {}",
          sp.presence_penalty, sp.frequency_penalty);
 }
+
+// What a step does with a sequence's rows, the same in step() and presample(): whether its
+// entry's rows score the prompt (one logit row per token, the last one also the sampling row),
+// whether its next token is the forced end of reasoning, and whether a constraint masks it.
+bool scores_prompt(const Sequence& s) {
+  return s.req.prompt_logprobs >= 0 && s.cached < s.prompt_len && !s.prompt_scored;
+}
+bool forced_reasoning_end(const Sequence& s) {
+  return s.req.reasoning_budget >= 0 && s.in_reasoning &&
+         s.reasoning_tokens >= s.req.reasoning_budget && s.req.think_end_token >= 0;
+}
+bool constrained_now(const Sequence& s) {
+  return s.req.constraint && !s.in_reasoning;
+}
 }  // namespace
 
 std::shared_ptr<RequestStream> Engine::submit(GenerationRequest req) {
@@ -282,8 +296,7 @@ void Engine::Impl::step() {
   for (const StepEntry& e : plan.entries) {
     Sequence& s = *e.seq;
     std::vector<int32_t> ids(s.tokens.begin() + s.cached, s.tokens.begin() + s.cached + e.n_tokens);
-    bool score_prompt = s.req.prompt_logprobs >= 0 && s.cached < s.prompt_len && !s.prompt_scored;
-    batch.add_sequence(ids, s.cached, s.slot, s.blocks, score_prompt);
+    batch.add_sequence(ids, s.cached, s.slot, s.blocks, scores_prompt(s));
   }
   // A step whose every row is a plain greedy pick (no logprobs, prompt scoring or constraint)
   // takes only the argmax ids from the device, not rows x vocab logits.
@@ -315,7 +328,7 @@ void Engine::Impl::step() {
   for (size_t ei = 0; ei < plan.entries.size(); ++ei) {
     const StepEntry& e = plan.entries[ei];
     Sequence& s = *e.seq;
-    bool score_prompt = s.req.prompt_logprobs >= 0 && s.cached < s.prompt_len && !s.prompt_scored;
+    bool score_prompt = scores_prompt(s);
     int first = s.cached;
     s.cached += e.n_tokens;
     if (score_prompt) {
@@ -353,12 +366,11 @@ void Engine::Impl::step() {
     }
     // Choose the next token: a forced end of reasoning, or a (constrained) sample.
     int32_t tok;
-    if (s.req.reasoning_budget >= 0 && s.in_reasoning &&
-        s.reasoning_tokens >= s.req.reasoning_budget && s.req.think_end_token >= 0) {
+    if (forced_reasoning_end(s)) {
       tok = s.req.think_end_token;
     } else {
       const uint8_t* mask = nullptr;
-      if (s.req.constraint && !s.in_reasoning) {
+      if (constrained_now(s)) {
         allowed.assign(static_cast<size_t>(V), 1);
         s.req.constraint->mask(allowed);
         mask = allowed.data();
@@ -424,16 +436,10 @@ void Engine::Impl::presample(const std::vector<StepEntry>& entries, int V) {
   for (size_t ei = 0; ei < entries.size(); ++ei) {
     const StepEntry& e = entries[ei];
     const Sequence& s = *e.seq;
-    const bool score_prompt =
-        s.req.prompt_logprobs >= 0 && s.cached < s.prompt_len && !s.prompt_scored;
-    row += score_prompt ? static_cast<size_t>(e.n_tokens) : 1;
+    row += scores_prompt(s) ? static_cast<size_t>(e.n_tokens) : 1;
     const size_t this_row = row - 1;
     if (s.cached + e.n_tokens < static_cast<int>(s.tokens.size())) continue;  // still prefilling
-    const bool forced_end = s.req.reasoning_budget >= 0 && s.in_reasoning &&
-                            s.reasoning_tokens >= s.req.reasoning_budget &&
-                            s.req.think_end_token >= 0;
-    const bool constrained = s.req.constraint && !s.in_reasoning;
-    if (s.req.max_tokens == 0 || forced_end || constrained) continue;
+    if (s.req.max_tokens == 0 || forced_reasoning_end(s) || constrained_now(s)) continue;
     jobs.push_back({ei, this_row});
   }
   if (jobs.size() < 2) return;
