@@ -87,6 +87,11 @@ void launch_q4_pack(cudaStream_t st, const Weight& w, void* data, void* scales);
 constexpr int kQ4GemvMaxRows = 64;
 constexpr int kQ4WideCB = kQ4GemvMaxRows / 4;
 
+// Checks that every job's matrix matches the prepared activations and numbers their 16-row
+// tiles one after another (jobs.first_tile), each job's from a multiple of `align`; returns the
+// (padded) tiles of all jobs.
+int64_t q4_number_tiles(GemvJobs& jobs, const Q4Act& act, int align);
+
 // Workspace bytes for `rows` prepared rows of width K.
 size_t q4_act_bytes(int64_t rows, int64_t K, int group);
 bool q4_mma_eligible(const DevMat& m);

@@ -314,24 +314,18 @@ bool q4_mma_eligible(const DevMat& m) {
          reinterpret_cast<uintptr_t>(m.scales) % 16 == 0;
 }
 
-namespace {
-
-// Checks that every job's matrix matches the prepared activations and numbers their 16-row
-// tiles one after another (jobs.first_tile); returns the tiles of all jobs.
-int64_t set_first_tiles(GemvJobs& jobs, const Q4Act& act) {
+int64_t q4_number_tiles(GemvJobs& jobs, const Q4Act& act, int align) {
   int64_t tiles = 0;
   for (int j = 0; j < jobs.count; ++j) {
     TM_CUDA_REQUIRE(q4_mma_eligible(jobs.m[j]) && jobs.m[j].group == act.group &&
                         jobs.m[j].cols == act.ld / 2 && jobs.m[j].sdtype == jobs.m[0].sdtype,
                     "q4 gemv: matrices must match the prepared activations");
     jobs.first_tile[j] = tiles;
-    tiles += (jobs.m[j].rows + 15) / 16;
+    tiles += ((jobs.m[j].rows + 15) / 16 + align - 1) / align * align;
   }
   jobs.first_tile[jobs.count] = tiles;
   return tiles;
 }
-
-}  // namespace
 
 void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, const Q4Slots& sl,
                     int64_t slots, const GemvWorkspace& ws) {
@@ -352,7 +346,7 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
   TM_CUDA_REQUIRE(ids != nullptr || (n >= 1 && n <= kQ4GemvMaxRows),
                   "q4 gemv: 1..64 activation rows");
   TM_CUDA_REQUIRE(ids == nullptr || slots >= 1, "q4 gemv: no slots");
-  const int64_t tiles_per_slot = set_first_tiles(jobs, act);
+  const int64_t tiles_per_slot = q4_number_tiles(jobs, act, 1);
   const int64_t tiles = tiles_per_slot * (ids ? slots : 1);
   if (act.operands == Q4Operands::kDigits) {
     launch_q4d_gemv_kernel(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);

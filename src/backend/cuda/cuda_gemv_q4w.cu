@@ -422,21 +422,6 @@ void launch_cb(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, i
   }
 }
 
-// Numbers each job's 16-row tiles from a multiple of kBlockTiles (jobs.first_tile) after checking
-// it matches the prepared activations; returns the padded tiles of all jobs.
-int64_t set_block_first_tiles(GemvJobs& jobs, const Q4Act& act) {
-  int64_t tiles = 0;
-  for (int j = 0; j < jobs.count; ++j) {
-    TM_CUDA_REQUIRE(q4_mma_eligible(jobs.m[j]) && jobs.m[j].group == act.group &&
-                        jobs.m[j].cols == act.ld / 2 && jobs.m[j].sdtype == jobs.m[0].sdtype,
-                    "q4 gemv: matrices must match the prepared activations");
-    jobs.first_tile[j] = tiles;
-    tiles += ((jobs.m[j].rows + 15) / 16 + kBlockTiles - 1) / kBlockTiles * kBlockTiles;
-  }
-  jobs.first_tile[jobs.count] = tiles;
-  return tiles;
-}
-
 }  // namespace
 
 void launch_q4w_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
@@ -445,7 +430,7 @@ void launch_q4w_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
                       act.operands == Q4Operands::kF16,
                   "q4 wide gemv: 1..4 matrices, 17..64 rows of F16 operands");
   jobs.shared_offset = 0;
-  const int64_t block_tiles = set_block_first_tiles(jobs, act) / kBlockTiles;
+  const int64_t block_tiles = q4_number_tiles(jobs, act, kBlockTiles) / kBlockTiles;
   if (n <= 32) {
     launch_cb<8, false>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
   } else {
@@ -461,7 +446,7 @@ void launch_q4_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, con
   TM_CUDA_REQUIRE(act.operands == Q4Operands::kF16 && reinterpret_cast<uintptr_t>(chunks) % 16 == 0,
                   "q4 gemv chunks: F16 operands and a 16-byte aligned chunk list");
   jobs.shared_offset = 0;
-  const int64_t tiles_per_chunk = set_block_first_tiles(jobs, act);
+  const int64_t tiles_per_chunk = q4_number_tiles(jobs, act, kBlockTiles);
   launch_cb<kQ4WideCB, true>(st, jobs, act, kQ4GemvMaxRows,
                              tiles_per_chunk / kBlockTiles * n_chunks, ws, chunks, tiles_per_chunk);
   TM_CUDA_LAUNCHED();
