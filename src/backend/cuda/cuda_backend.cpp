@@ -41,6 +41,7 @@ CudaBackend::CudaBackend(int device, PrefillPrecision prefill_precision)
   TM_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   stream_ = s;
   gemv_ws_.sm_count = p.multiProcessorCount;
+  gemv_ws_.wgmma = p.major == 9 && p.minor == 0;
   gemv_ws_.max_warps =
       static_cast<int64_t>(p.multiProcessorCount) * (p.maxThreadsPerMultiProcessor / 32);
   gemv_ws_.act_bytes = kGemvWorkspaceBytes;

@@ -272,7 +272,7 @@ void launch_gemv_fast(cudaStream_t st, GemvKind kind, GemvJobs jobs, const float
                   "gemv: activations must be 16-byte aligned");
   if (kind == GemvKind::kQ4) {
     const Q4Act act = launch_q4_prepare(st, x, ldx, n, jobs.m[0].cols, jobs.m[0].group,
-                                        q4_operands_for(n, false), ws);
+                                        q4_operands_for(n, false, jobs.m[0].group, ws), ws);
     launch_q4_gemv(st, jobs, act, n, Q4Slots{}, 0, ws);
     return;
   }

@@ -53,12 +53,16 @@ void launch_gemv_fast(cudaStream_t st, GemvKind kind, GemvJobs jobs, const float
 // --- 4-bit tensor-core GEMVs (cuda_gemv_q4.cu: F16 operands; cuda_gemv_q4d.cu: 8-bit digits) ---
 
 // How the activations are given to the tensor cores: hi and lo F16 parts (5..64 rows: one mma
-// serves four rows) or four signed 8-bit digits (1..kQ4DigitMaxRows rows and MoE slots: fewer
+// serves four rows; kF16Gmma: the same values in the wgmma kernel's order, 17..64 rows on sm_90
+// at groups 64 and 128) or four signed 8-bit digits (1..kQ4DigitMaxRows rows and MoE slots: fewer
 // instructions per weight byte, the batch-1 bound).
-enum class Q4Operands { kF16, kDigits };
+enum class Q4Operands { kF16, kF16Gmma, kDigits };
 constexpr int kQ4DigitMaxRows = 4;
-inline Q4Operands q4_operands_for(int64_t n, bool experts) {
-  return experts || n <= kQ4DigitMaxRows ? Q4Operands::kDigits : Q4Operands::kF16;
+// Whether the wgmma kernel (cuda_gemv_q4g.cu) runs matrices of this group size here.
+bool q4_gmma_eligible(int group, const GemvWorkspace& ws);
+inline Q4Operands q4_operands_for(int64_t n, bool experts, int group, const GemvWorkspace& ws) {
+  if (experts || n <= kQ4DigitMaxRows) return Q4Operands::kDigits;
+  return n > 16 && q4_gmma_eligible(group, ws) ? Q4Operands::kF16Gmma : Q4Operands::kF16;
 }
 
 // Activations prepared for the 4-bit kernels, 4K bytes per row either way: F16, hi and lo parts
@@ -130,6 +134,13 @@ void launch_q4_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, con
 // the n prepared rows (17..kQ4GemvMaxRows).
 void launch_q4w_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
                      const GemvWorkspace& ws);
+
+// The wgmma kernel (cuda_gemv_q4g.cu, sm_90, groups 64 and 128, kF16Gmma activations) for the
+// two above: 17..kQ4GemvMaxRows prepared rows, and grouped MoE chunks.
+void launch_q4g_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
+                     const GemvWorkspace& ws);
+void launch_q4g_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, const int32_t* chunks,
+                            int64_t n_chunks, const GemvWorkspace& ws);
 
 // The digit kernels (cuda_gemv_q4d.cu), called by the two above with checked arguments.
 void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, const float* up, bool sigmoid_gate,

@@ -2,8 +2,8 @@
 // verify), on tensor cores: mma.sync m16n8k16 with F16 operands and F32 accumulation, reading
 // the weights in a tile layout made at upload ("The tile layout" in cuda_q4_pack.cu); the
 // activation preparation of every F16-operand kernel. One to four rows and MoE slots take the
-// 8-bit digit kernel (cuda_gemv_q4d.cu), 17..64 rows the weight-stationary one
-// (cuda_gemv_q4w.cu).
+// 8-bit digit kernel (cuda_gemv_q4d.cu), 17..64 rows the wgmma one on sm_90 at groups 64 and 128
+// (cuda_gemv_q4g.cu), else the weight-stationary one (cuda_gemv_q4w.cu).
 //
 // Why: a SIMT 4-bit GEMV spends about 6 instructions per weight byte unpacking nibbles and doing
 // FMAs, which caps it near a quarter of HBM bandwidth on an H200. Here one 32-bit word of 8
@@ -97,8 +97,23 @@ __global__ void __launch_bounds__(kQ4Threads)
         const float stored = __half2float(h) + __half2float(l);
         X += sixteenth ? 16.0f * stored : stored;
       }
-      reinterpret_cast<uint4*>(hi_row)[j] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-      reinterpret_cast<uint4*>(lo_row)[j] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+      if (act.operands == Q4Operands::kF16Gmma) {
+        // Word j is word jj = tt*W + w of its group (lane column tt, W = G/32 words a lane):
+        // pairs (0,1) and (2,3) of its k-step 2w + p (16 values) are at 2tt and 8 + 2tt.
+        const int W = wpg / 4, jj = static_cast<int>(j % wpg), tt = jj / W, w = jj % W;
+        const int64_t at = (j / wpg) * (group / 2);  // the group's first 32-bit pair
+        uint32_t* hp = reinterpret_cast<uint32_t*>(hi_row) + at;
+        uint32_t* lp = reinterpret_cast<uint32_t*>(lo_row) + at;
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+          const int step = 8 * (2 * w + p) + tt;
+          hp[step] = hw[2 * p], hp[step + 4] = hw[2 * p + 1];
+          lp[step] = lw[2 * p], lp[step + 4] = lw[2 * p + 1];
+        }
+      } else {
+        reinterpret_cast<uint4*>(hi_row)[j] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+        reinterpret_cast<uint4*>(lo_row)[j] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+      }
     }
     for (int o = 1; o < wpg; o <<= 1) X += __shfl_xor_sync(0xffffffffu, X, o);
     if (j < last && j % wpg == 0) act.sums[c * groups + j / wpg] = X;
@@ -354,6 +369,10 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
   }
   TM_CUDA_REQUIRE(ids == nullptr && n > kQ4DigitMaxRows,
                   "q4 gemv: F16 operands are for 5..64 rows (fewer and MoE slots: digits)");
+  if (act.operands == Q4Operands::kF16Gmma) {
+    launch_q4g_gemv(st, jobs, act, n, ws);
+    return;
+  }
   if (n > 16) {
     launch_q4w_gemv(st, jobs, act, n, ws);
     return;

@@ -1,5 +1,6 @@
 // Weight-stationary 4-bit GEMV for 17..64 activation rows (batched decode, speculative verify,
-// grouped MoE prefill chunks): the same arithmetic as cuda_gemv_q4.cu (mma.sync m16n8k16, F16
+// grouped MoE prefill chunks) where the wgmma kernel (cuda_gemv_q4g.cu) does not run: group 32,
+// GPUs other than sm_90. The same arithmetic as cuda_gemv_q4.cu (mma.sync m16n8k16, F16
 // operands, the weights' nibbles exact, activations hi + lo, scale and bias per group), with
 // the work divided so each activation byte serves more weight bytes.
 //
@@ -441,6 +442,10 @@ void launch_q4w_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
 
 void launch_q4_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, const int32_t* chunks,
                            int64_t n_chunks, const GemvWorkspace& ws) {
+  if (act.operands == Q4Operands::kF16Gmma) {
+    launch_q4g_gemv_chunks(st, jobs, act, chunks, n_chunks, ws);
+    return;
+  }
   TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs && n_chunks >= 1,
                   "q4 gemv chunks: 1..4 matrices and at least one chunk");
   TM_CUDA_REQUIRE(act.operands == Q4Operands::kF16 && reinterpret_cast<uintptr_t>(chunks) % 16 == 0,

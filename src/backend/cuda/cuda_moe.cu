@@ -366,19 +366,22 @@ bool CudaBackend::moe_chunks(const float* x, int64_t n, int k, const int32_t* id
   }
   upload(d_tok, lists.data(), (al4(2 * slots) + 4 * nc) * sizeof(int32_t));
 
+  // The wgmma kernel where it runs (sm_90, groups 64 and 128), else the mma.sync one.
+  const cuda::Q4Operands chunk_operands =
+      cuda::q4_operands_for(cuda::kQ4GemvMaxRows, false, mg.group, ws);
   for (const Piece& p : pieces) {
     const int32_t* pc = d_chunks + 4 * p.chunk0;
     gather_rows(x, static_cast<int>(hidden), d_tok + p.row0, static_cast<int>(p.rows), xp);
-    const cuda::Q4Act ax = cuda::launch_q4_prepare(stream_, xp, hidden, p.rows, hidden, mg.group,
-                                                   cuda::Q4Operands::kF16, ws);
+    const cuda::Q4Act ax =
+        cuda::launch_q4_prepare(stream_, xp, hidden, p.rows, hidden, mg.group, chunk_operands, ws);
     cuda::GemvJobs gu;
     gu.m[0] = mg, gu.m[1] = mu;
     gu.out[0] = gp, gu.out[1] = upp;
     gu.count = 2;
     cuda::launch_q4_gemv_chunks(stream_, gu, ax, pc, p.chunks, ws);
     silu_mul(gp, upp, gp, p.rows * inter);
-    const cuda::Q4Act aa = cuda::launch_q4_prepare(stream_, gp, inter, p.rows, inter, md.group,
-                                                   cuda::Q4Operands::kF16, ws);
+    const cuda::Q4Act aa =
+        cuda::launch_q4_prepare(stream_, gp, inter, p.rows, inter, md.group, chunk_operands, ws);
     cuda::GemvJobs dj;
     dj.m[0] = md;
     dj.out[0] = dn + p.row0 * hidden;

@@ -1,0 +1,471 @@
+// 4-bit GEMV for 17..64 activation rows (batched decode, speculative verify, grouped MoE prefill
+// chunks) on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a), groups of 64 or 128.
+// The arithmetic is cuda_gemv_q4.cu's (the weights' nibbles exact in F16, activations hi + lo,
+// scale and bias per group); the instructions that do it are fewer and asynchronous.
+//
+// Why: the mma.sync kernel (cuda_gemv_q4w.cu) spent about 7 instructions per m16n8k16 mma (the
+// per-group FP32 epilogue, staging, unpacking) at two warps per scheduler, so it read the
+// weights at 6.5% of the bandwidth at 64 rows. One wgmma m64nNk16 does the work of 4 x N/8 such
+// mmas for one issue, its B operand (the activations) comes straight from shared memory, and
+// the hi and lo parts accumulate into one accumulator (half the epilogue).
+//
+// Work division: a block is four warpgroups (16 warps) over a block tile of 256 weight rows;
+// warpgroup i owns rows [64i, 64i+64) and warp w of it the 16-row tile 4i+w, whose words it holds
+// as the A operand in registers (the tile layout's lane order is the wgmma A fragment's). Stream-K
+// divides block tiles x groups (cuda_streamk.cuh); split tiles are combined per warp. Each group
+// is one pipeline stage in shared memory, filled kStages - 1 groups ahead: the block tile's
+// weights and scales and the rows' group sums by cp.async from all threads, the activations of
+// all N rows (hi and lo parts, 128-byte swizzled K-major rows, the layout the wgmma descriptor
+// names).
+//
+// The activations come prepared in "gmma order" (Q4Operands::kF16Gmma, cuda_gemv_q4.cu's
+// prepare kernel): per group, k-step s (16 values) holds for each lane column t the values that
+// lane t's A registers multiply, so a token's k-step is 32 contiguous bytes.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemv_q4.cuh"
+
+namespace tokenmill::cuda {
+namespace {
+
+constexpr int kWarpGroups = 4;
+constexpr int kWarps = 4 * kWarpGroups;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kBlockTiles = kWarps;  // 16-row tiles per block tile, one per warp
+// Fewest groups per block (as the other 4-bit kernels): fixups read every block's partials.
+constexpr int kMinSteps = 8;
+
+// Shared memory of one stage (one group of the block tile), byte offsets; stages are 1024-byte
+// aligned (the 128-byte swizzle repeats every 8 rows of 128 bytes).
+template <int G, int N, int ST>
+struct Q4GmmaStage {
+  static constexpr int W = G / 32;       // words per lane and row in a group
+  static constexpr int kAtoms = G / 64;  // 64-value swizzle atoms (128-byte rows) per group
+  static constexpr int kSB = ST == kF32 ? 4 : 2;
+  static constexpr int kTileBytes = 256 * W;  // one 16-row tile's group of weights
+  static constexpr int kScaleBytes = 32 * kSB;
+  static constexpr int kPartBytes = N * 128;  // one atom of one part (hi or lo) for N rows
+  static constexpr int kWOff = 2 * kAtoms * kPartBytes;
+  static constexpr int kSOff = kWOff + kBlockTiles * kTileBytes;
+  static constexpr int kSumOff = kSOff + kBlockTiles * kScaleBytes;
+  static constexpr int kBytes = (kSumOff + N * 4 + 1023) / 1024 * 1024;
+  static constexpr int kStages = G == 128 ? 3 : 4;
+  static constexpr size_t kSmem = static_cast<size_t>(kStages) * kBytes + 1024;  // + alignment
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int K>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(K) : "memory");
+}
+// cp.async writes shared memory through the generic proxy; wgmma reads it through the async one.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+// Keeps the compiler from moving accesses of an accumulator across the asynchronous wgmma.
+__device__ __forceinline__ void fence_operand(float& r) {
+  asm volatile("" : "+f"(r)::"memory");
+}
+
+// Descriptor of a K-major operand in 128-byte swizzled rows (8-row atoms 1024 bytes apart).
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+// d (+)= A * B, A: 64 x 16 F16 from registers (the m16n8k16 A fragment per warp), B: 16 x N from
+// shared memory; accumulate = 0 ignores d's old values.
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc,
+                                          int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_n32(float (&d)[16], const uint32_t (&a)[4], uint64_t desc,
+                                          int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+}
+template <int N>
+__device__ __forceinline__ void wgmma(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc,
+                                      int accumulate) {
+  if constexpr (N == 64) {
+    wgmma_n64(d, a, desc, accumulate);
+  } else {
+    wgmma_n32(d, a, desc, accumulate);
+  }
+}
+
+// One block tile's groups [k0, k1): staging (all threads) and the warpgroups' products.
+// tot[4j + 2h + e]: weight row g + 8h of the warp's tile, activation row 8j + 2t + e (the wgmma
+// accumulator fragment), summed over the groups, before the rows' power-of-two scales.
+template <int G, int N, int ST>
+struct Q4GmmaBlock {
+  using S = Q4GmmaStage<G, N, ST>;
+  static constexpr int kStages = S::kStages;
+  static constexpr int kKSteps = G / 16;
+  uint32_t smem;  // shared address of stage 0
+  int k1, ncols, groups;
+  // This thread's staging sources at group 0: activations, weight chunks (kWChunks a thread),
+  // a scale chunk (threads below kSChunks), its row's group sums (threads below N).
+  static constexpr int kWChunks = kBlockTiles * S::kTileBytes / 16 / kThreads;
+  static constexpr int kSChunks = kBlockTiles * S::kScaleBytes / 16;
+  const __half* ax;
+  int64_t ld, K;
+  const uint8_t* wsrc[kWChunks];
+  const uint8_t* ssrc;
+  const float* sumsrc;
+  uint32_t uses0;  // the block's stage uses before this tile (stage i is slot i % kStages)
+
+  __device__ Q4GmmaBlock(const DevMat& m, int64_t r0, int valid, const Q4Act& act, int64_t cbase,
+                         int ncols_, int end, uint32_t smem_, uint32_t uses)
+      : smem(smem_), k1(end), ncols(ncols_), uses0(uses) {
+    groups = static_cast<int>(m.cols / G);
+    ld = act.ld;
+    K = act.ld / 2;
+    ax = act.x + cbase * act.ld;
+    // Chunk i of a stage's weights is 16 bytes i % (16W) of tile i / (16W)'s group block; tiles
+    // past the job's end reread its last tile (they write no output).
+    const int last = max(valid - 1, 0);
+#pragma unroll
+    for (int r = 0; r < kWChunks; ++r) {
+      const int i = threadIdx.x + kThreads * r;
+      const int tile = min(i / (S::kTileBytes / 16), last);
+      wsrc[r] = m.data + ((r0 >> 4) + tile) * groups * static_cast<int64_t>(S::kTileBytes) +
+                (i % (S::kTileBytes / 16)) * 16;
+    }
+    const int stile = min(static_cast<int>(threadIdx.x) / (S::kScaleBytes / 16), last);
+    ssrc = m.scales + ((r0 >> 4) + stile) * groups * static_cast<int64_t>(S::kScaleBytes) +
+           (threadIdx.x % (S::kScaleBytes / 16)) * 16;
+    const int r = static_cast<int>(threadIdx.x);
+    sumsrc = act.sums + (cbase + (r < ncols ? r : 0)) * groups;
+  }
+
+  // The weights and scales of group grp into stage `slot` (no commit).
+  __device__ __forceinline__ void stage_weights(int slot, int grp) const {
+    if (grp >= k1) return;
+    const uint32_t base = smem + slot * S::kBytes;
+    static_assert(kWChunks * kThreads == kBlockTiles * S::kTileBytes / 16, "whole chunks");
+#pragma unroll
+    for (int r = 0; r < kWChunks; ++r) {
+      cp_async16(base + S::kWOff + (threadIdx.x + kThreads * r) * 16,
+                 wsrc[r] + static_cast<int64_t>(grp) * S::kTileBytes, 16);
+    }
+    if (threadIdx.x < kSChunks) {
+      cp_async16(base + S::kSOff + threadIdx.x * 16,
+                 ssrc + static_cast<int64_t>(grp) * S::kScaleBytes, 16);
+    }
+  }
+
+  // The activations (hi and lo parts, N rows, zeros past ncols) and their group sums of group
+  // grp into stage `slot` (no commit). Chunk i: 16 bytes c = i % 8 of 128-byte row r = (i / 8)
+  // % N of atom (part, a); stored at row r of the atom with its 16-byte index xor r % 8.
+  __device__ __forceinline__ void stage_acts(int slot, int grp) const {
+    if (grp >= k1) return;
+    const uint32_t base = smem + slot * S::kBytes;
+    constexpr int kChunks = 2 * S::kAtoms * N * 8;
+    {
+#pragma unroll
+      for (int r = 0; r < (kChunks + kThreads - 1) / kThreads; ++r) {
+        const int i = threadIdx.x + kThreads * r;
+        if (kChunks % kThreads != 0 && i >= kChunks) break;
+        const int c = i & 7, row = (i >> 3) % N, pa = i / (8 * N);
+        const int part = pa / S::kAtoms, atom = pa % S::kAtoms;
+        const bool live = row < ncols;
+        const __half* src = ax + (live ? row * ld : 0) + part * K + static_cast<int64_t>(grp) * G +
+                            atom * 64 + c * 8;
+        const uint32_t dst = base + pa * S::kPartBytes + (row >> 3) * 1024 + (row & 7) * 128 +
+                             ((c ^ (row & 7)) << 4);
+        cp_async16(dst, src, live ? 16 : 0);
+      }
+    }
+    if (threadIdx.x < N) {
+      cp_async4(base + S::kSumOff + threadIdx.x * 4, sumsrc + grp,
+                static_cast<int>(threadIdx.x) < ncols ? 4 : 0);
+    }
+  }
+
+  // Group grp's products for this warp's tile, from stage `slot`, added into tot.
+  __device__ __forceinline__ void compute(int slot, float (&acc)[N / 2],
+                                          float (&tot)[N / 2]) const {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint32_t base = smem + slot * S::kBytes;
+    uint32_t words[2 * S::W];  // row g's W words, then row g+8's
+    const uint32_t wa = base + S::kWOff + warp * S::kTileBytes + lane * (8 * S::W);
+#pragma unroll
+    for (int q = 0; q < S::W / 2; ++q) {
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(words[4 * q]), "=r"(words[4 * q + 1]), "=r"(words[4 * q + 2]),
+                     "=r"(words[4 * q + 3])
+                   : "r"(wa + 16 * q));
+    }
+    Q4ScaleVec<ST> sv;
+    const uint32_t sa = base + S::kSOff + warp * S::kScaleBytes + g * 4 * S::kSB;
+    if constexpr (ST == kF32) {
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(sv.x), "=r"(sv.y), "=r"(sv.z), "=r"(sv.w)
+                   : "r"(sa));
+    } else {
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(sv.x), "=r"(sv.y) : "r"(sa));
+    }
+    // A of k-step 2w + p: {row g e[2p], row g+8 e[2p], row g e[2p+1], row g+8 e[2p+1]} of
+    // word w (the m16n8k16 A fragment, as in the mma.sync kernels).
+    uint32_t a[kKSteps][4];
+#pragma unroll
+    for (int w = 0; w < S::W; ++w) {
+      uint32_t ea[4], eb[4];
+      q4_unpack_word(words[w], ea);
+      q4_unpack_word(words[S::W + w], eb);
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        a[2 * w + p][0] = ea[2 * p];
+        a[2 * w + p][1] = eb[2 * p];
+        a[2 * w + p][2] = ea[2 * p + 1];
+        a[2 * w + p][3] = eb[2 * p + 1];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) fence_operand(acc[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < kKSteps; ++s) {
+      const uint32_t at = base + (s / 4) * S::kPartBytes + (s % 4) * 32;
+      wgmma<N>(acc, a[s], gmma_desc(at), s > 0 ? 1 : 0);
+      wgmma<N>(acc, a[s], gmma_desc(at + S::kAtoms * S::kPartBytes), 1);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) fence_operand(acc[i]);
+    float sc[2], bi[2];
+    q4_scales<ST>(sv, sc, bi);
+    const uint32_t xs = base + S::kSumOff + t * 8;
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+      if (8 * j >= ncols) break;  // the same for the whole warp
+      float2 X;
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(X.x), "=f"(X.y) : "r"(xs + 32 * j));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float& o0 = tot[4 * j + 2 * h];
+        float& o1 = tot[4 * j + 2 * h + 1];
+        o0 = fmaf(sc[h], acc[4 * j + 2 * h], fmaf(bi[h], X.x, o0));
+        o1 = fmaf(sc[h], acc[4 * j + 2 * h + 1], fmaf(bi[h], X.y, o1));
+      }
+    }
+  }
+
+  __device__ __forceinline__ void run(int k0, float (&tot)[N / 2]) const {
+    float acc[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) tot[i] = acc[i] = 0.0f;
+      // The first stages' weights load before the wait for the kernel that prepares the
+      // activations; each stage's commit group then closes with its activations.
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) stage_weights((uses0 + s) % kStages, k0 + s);
+    wait_for_previous_grid();
+    allow_dependent_launch();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      stage_acts((uses0 + s) % kStages, k0 + s);
+      cp_async_commit();
+    }
+    for (int grp = k0; grp < k1; ++grp) {
+      const uint32_t use = uses0 + static_cast<uint32_t>(grp - k0);
+      cp_async_wait<kStages - 2>();
+      fence_proxy_async();
+      __syncthreads();  // stage `use` is loaded; the one before is free (its wgmmas were waited)
+      const int next = static_cast<int>((use + kStages - 1) % kStages);
+      stage_weights(next, grp + kStages - 1);
+      stage_acts(next, grp + kStages - 1);
+      cp_async_commit();
+      compute(static_cast<int>(use % kStages), acc, tot);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the stages may be restaged by the block's next tile
+  }
+};
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// Stream-K over block tiles (each job's tiles padded to whole block tiles); warp w of a block
+// takes tile w of the block tile over the block's k range. kChunks: grouped MoE rows
+// (launch_q4g_gemv_chunks), tiles_per_chunk padded tiles per chunk. Dynamic shared memory:
+// Q4GmmaStage<G, N, ST>::kSmem.
+template <int G, int N, int ST, bool kChunks>
+__global__ void __launch_bounds__(kThreads, 1)
+    q4g_gemv_kernel(GemvJobs jobs, Q4Act act, int n, StreamK sk, const int32_t* chunks,
+                    int64_t tiles_per_chunk) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t q4g_smem[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(q4g_smem));
+  const uint32_t smem = (raw + 1023) & ~1023u;
+  const int64_t unit = blockIdx.x;
+  if (unit >= sk.warps) return;  // the whole block
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  uint32_t uses = 0;
+  streamk_for_each(sk, unit, [&](int64_t btile, int64_t k0, int64_t k1) {
+    const int64_t tile0 = btile * kBlockTiles;
+    Q4Tile q;
+    if constexpr (kChunks) {
+      // The chunk list is uploaded before the kernels of the MoE layer run: readable now.
+      const int64_t ci = tile0 / tiles_per_chunk;
+      q = q4_tile(jobs, tile0 - ci * tiles_per_chunk, tiles_per_chunk, n, Q4Slots{});
+      const int4 c = reinterpret_cast<const int4*>(chunks)[ci];
+      q.m = at_expert(q.m, c.x);
+      q.cbase = c.y;
+      q.ncols = c.z;
+      q.out += static_cast<int64_t>(c.y) * q.m.rows;
+    } else {
+      q = q4_tile(jobs, tile0, sk.tiles * kBlockTiles, n, Q4Slots{});
+    }
+    const int64_t valid64 = (q.m.rows + 15) / 16 - q.r0 / 16;
+    const int valid = static_cast<int>(valid64 < kBlockTiles ? valid64 : kBlockTiles);
+    float tot[N / 2];
+    Q4GmmaBlock<G, N, ST>(q.m, q.r0, valid, act, q.cbase, q.ncols, static_cast<int>(k1), smem, uses)
+        .run(static_cast<int>(k0), tot);
+    uses += static_cast<uint32_t>(k1 - k0);
+    if (warp >= valid) return;  // a padding tile
+    if (k0 > 0 || k1 < sk.steps) {
+      if (!streamk_fixup(sk, unit, btile, k0 > 0 ? 0 : 1, tot, warp, kWarps)) return;
+    }
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = 8 * j + 2 * t + e;  // activation row
+        if (c >= q.ncols) continue;
+        const float scale = act.colscale[(kChunks ? q.cbase : 0) + c];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t r = q.r0 + 16 * warp + g + 8 * h;
+          if (r < q.m.rows) q.out[c * q.m.rows + r] = tot[4 * j + 2 * h + e] * scale;
+        }
+      }
+    }
+  });
+#else
+  __trap();  // launched only on sm_90 devices (GemvWorkspace::wgmma)
+#endif
+}
+
+template <int G, int N, int ST, bool kChunks>
+void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
+                  int64_t block_tiles, const GemvWorkspace& ws, const int32_t* chunks,
+                  int64_t tiles_per_chunk) {
+  const auto kernel = q4g_gemv_kernel<G, N, ST, kChunks>;
+  constexpr size_t smem = Q4GmmaStage<G, N, ST>::kSmem;
+  TM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem)));
+  const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), kThreads, block_tiles,
+                                  jobs.m[0].cols / G, 32 * (N / 2), ws, kMinSteps, kWarps, smem);
+  launch_pdl(kernel, dim3(static_cast<unsigned>(sk.warps)), dim3(kThreads), smem, st, jobs, act, n,
+             sk, chunks, tiles_per_chunk);
+}
+
+template <int G, int N, bool kChunks>
+void launch_scale(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
+                  int64_t block_tiles, const GemvWorkspace& ws, const int32_t* chunks,
+                  int64_t tiles_per_chunk) {
+  switch (jobs.m[0].sdtype) {
+    case kBF16:
+      launch_typed<G, N, kBF16, kChunks>(st, jobs, act, n, block_tiles, ws, chunks,
+                                         tiles_per_chunk);
+      break;
+    case kF16:
+      launch_typed<G, N, kF16, kChunks>(st, jobs, act, n, block_tiles, ws, chunks, tiles_per_chunk);
+      break;
+    default:
+      launch_typed<G, N, kF32, kChunks>(st, jobs, act, n, block_tiles, ws, chunks, tiles_per_chunk);
+  }
+}
+
+template <int N, bool kChunks>
+void launch_group(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
+                  int64_t block_tiles, const GemvWorkspace& ws, const int32_t* chunks,
+                  int64_t tiles_per_chunk) {
+  if (act.group == 64) {
+    launch_scale<64, N, kChunks>(st, jobs, act, n, block_tiles, ws, chunks, tiles_per_chunk);
+  } else {
+    launch_scale<128, N, kChunks>(st, jobs, act, n, block_tiles, ws, chunks, tiles_per_chunk);
+  }
+}
+
+void require_gmma(const GemvJobs& jobs, const Q4Act& act, const GemvWorkspace& ws) {
+  TM_CUDA_REQUIRE(
+      ws.wgmma && act.operands == Q4Operands::kF16Gmma && (act.group == 64 || act.group == 128),
+      "q4 wgmma gemv: an sm_90 device and activations prepared in gmma order (groups "
+      "64 and 128)");
+  TM_CUDA_REQUIRE(jobs.count >= 1 && jobs.count <= kMaxGemvJobs, "q4 wgmma gemv: 1..4 matrices");
+}
+
+}  // namespace
+
+bool q4_gmma_eligible(int group, const GemvWorkspace& ws) {
+  return ws.wgmma && (group == 64 || group == 128);
+}
+
+void launch_q4g_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
+                     const GemvWorkspace& ws) {
+  require_gmma(jobs, act, ws);
+  TM_CUDA_REQUIRE(n > 16 && n <= kQ4GemvMaxRows, "q4 wgmma gemv: 17..64 rows");
+  jobs.shared_offset = 0;
+  const int64_t block_tiles = q4_number_tiles(jobs, act, kBlockTiles) / kBlockTiles;
+  if (n <= 32) {
+    launch_group<32, false>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
+  } else {
+    launch_group<64, false>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
+  }
+  TM_CUDA_LAUNCHED();
+}
+
+void launch_q4g_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, const int32_t* chunks,
+                            int64_t n_chunks, const GemvWorkspace& ws) {
+  require_gmma(jobs, act, ws);
+  TM_CUDA_REQUIRE(n_chunks >= 1 && reinterpret_cast<uintptr_t>(chunks) % 16 == 0,
+                  "q4 wgmma gemv chunks: at least one chunk, a 16-byte aligned list");
+  jobs.shared_offset = 0;
+  const int64_t tiles_per_chunk = q4_number_tiles(jobs, act, kBlockTiles);
+  launch_group<64, true>(st, jobs, act, kQ4GemvMaxRows, tiles_per_chunk / kBlockTiles * n_chunks,
+                         ws, chunks, tiles_per_chunk);
+  TM_CUDA_LAUNCHED();
+}
+
+}  // namespace tokenmill::cuda
