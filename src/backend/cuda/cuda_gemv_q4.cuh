@@ -43,6 +43,27 @@ __device__ __forceinline__ Q4Tile q4_tile(const GemvJobs& jobs, int64_t t, int64
   return q;
 }
 
+// Tile t of a launch over plain jobs (tiles_per_slot: all padded tiles) or, kChunks, over
+// grouped MoE chunks (tiles_per_slot padded tiles per chunk; chunk c is chunks[4c .. 4c+3] =
+// {expert, first prepared row, rows, unused}, uploaded before the MoE layer's kernels run).
+template <bool kChunks>
+__device__ __forceinline__ Q4Tile q4_jobs_tile(const GemvJobs& jobs, int64_t t,
+                                               int64_t tiles_per_slot, int n,
+                                               const int32_t* chunks) {
+  if constexpr (kChunks) {
+    const int64_t ci = t / tiles_per_slot;
+    Q4Tile q = q4_tile(jobs, t - ci * tiles_per_slot, tiles_per_slot, n, Q4Slots{});
+    const int4 c = reinterpret_cast<const int4*>(chunks)[ci];
+    q.m = at_expert(q.m, c.x);
+    q.cbase = c.y;
+    q.ncols = c.z;
+    q.out += static_cast<int64_t>(c.y) * q.m.rows;
+    return q;
+  } else {
+    return q4_tile(jobs, t, tiles_per_slot, n, Q4Slots{});
+  }
+}
+
 // The four f16x2 mma operands of one word of 8 nibbles (v_i in bits [4i, 4i+4)): the exact
 // integers (v0, v4), (16*v1, 16*v5), (v2, v6), (16*v3, 16*v7) (see cuda_gemv_q4.cu's file
 // comment: v | 0x6400 is the f16 1024 + v, and the 1024 goes before the mma).

@@ -331,20 +331,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   if (unit >= sk.warps) return;  // the whole block
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   streamk_for_each(sk, unit, [&](int64_t btile, int64_t k0, int64_t k1) {
-    const int64_t tile = btile * kBlockTiles + warp * T;
-    Q4Tile q;
-    if constexpr (kChunks) {
-      // The chunk list is uploaded before the kernels of the MoE layer run: readable now.
-      const int64_t ci = tile / tiles_per_chunk;
-      q = q4_tile(jobs, tile - ci * tiles_per_chunk, tiles_per_chunk, n, Q4Slots{});
-      const int4 c = reinterpret_cast<const int4*>(chunks)[ci];
-      q.m = at_expert(q.m, c.x);
-      q.cbase = c.y;
-      q.ncols = c.z;
-      q.out += static_cast<int64_t>(c.y) * q.m.rows;
-    } else {
-      q = q4_tile(jobs, tile, sk.tiles * kBlockTiles, n, Q4Slots{});
-    }
+    const Q4Tile q =
+        q4_jobs_tile<kChunks>(jobs, btile * kBlockTiles + warp * T,
+                              kChunks ? tiles_per_chunk : sk.tiles * kBlockTiles, n, chunks);
     // Padding tiles (no block computes them) still stage and meet the barriers.
     const int64_t valid64 = (q.m.rows + 15) / 16 - q.r0 / 16;
     const int valid = static_cast<int>(valid64 < 0 ? 0 : valid64 < T ? valid64 : T);
