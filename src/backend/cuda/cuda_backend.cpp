@@ -42,6 +42,12 @@ CudaBackend::CudaBackend(int device, PrefillPrecision prefill_precision)
   stream_ = s;
   gemv_ws_.sm_count = p.multiProcessorCount;
   gemv_ws_.wgmma = p.major == 9 && p.minor == 0;
+  if (gemv_ws_.wgmma) {
+    cudaDriverEntryPointQueryResult found{};
+    TM_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &gemv_ws_.encode_tiled,
+                                             12000, cudaEnableDefault, &found));
+    gemv_ws_.wgmma = found == cudaDriverEntryPointSuccess && gemv_ws_.encode_tiled != nullptr;
+  }
   gemv_ws_.max_warps =
       static_cast<int64_t>(p.multiProcessorCount) * (p.maxThreadsPerMultiProcessor / 32);
   gemv_ws_.act_bytes = kGemvWorkspaceBytes;

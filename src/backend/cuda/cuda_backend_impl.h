@@ -33,6 +33,7 @@ struct GemvWorkspace {
   int64_t max_warps = 0;  // counters and partial slots exist for this many warps
   int sm_count = 0;
   bool wgmma = false;  // an sm_90 device: the wgmma kernels (sm_90a machine code) run on it
+  void* encode_tiled = nullptr;  // the driver's cuTensorMapEncodeTiled (wgmma devices)
 };
 
 // Causal GQA attention on the tensor cores (cuda_attention_prefill.cu) for head_dim 32, 64, 128

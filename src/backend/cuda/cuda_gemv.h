@@ -71,7 +71,8 @@ inline Q4Operands q4_operands_for(int64_t n, bool experts, int group, const Gemv
 // group {power-of-two scale back, sum of the values} (sums as float2; colscale unused).
 struct Q4Act {
   __half* x = nullptr;
-  int64_t ld = 0;  // halves per prepared row (2K)
+  int64_t ld = 0;    // halves per prepared row (2K)
+  int64_t rows = 0;  // prepared rows
   float* sums = nullptr;
   float* colscale = nullptr;
   int group = 0;

@@ -294,6 +294,7 @@ Q4Act q4_act_layout(int64_t rows, int64_t K, int group, Q4Operands operands,
   Q4Act act;
   act.x = reinterpret_cast<__half*>(base);
   act.ld = 2 * K;
+  act.rows = rows;
   base += al(static_cast<size_t>(rows * 2 * K) * 2);
   act.sums = reinterpret_cast<float*>(base);
   base += al(static_cast<size_t>(rows * (K / group)) * 2 * sizeof(float));

@@ -21,6 +21,8 @@
 // The activations come prepared in "gmma order" (Q4Operands::kF16Gmma, cuda_gemv_q4.cu's
 // prepare kernel): per group, k-step s (16 values) holds for each lane column t the values that
 // lane t's A registers multiply, so a token's k-step is 32 contiguous bytes.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -52,7 +54,8 @@ struct Q4GmmaStage {
   static constexpr int kSumOff = kSOff + kBlockTiles * kScaleBytes;
   static constexpr int kBytes = (kSumOff + N * 4 + 1023) / 1024 * 1024;
   static constexpr int kStages = G == 128 ? 3 : 4;
-  static constexpr size_t kSmem = static_cast<size_t>(kStages) * kBytes + 1024;  // + alignment
+  // + alignment, + one mbarrier per stage
+  static constexpr size_t kSmem = static_cast<size_t>(kStages) * kBytes + 1024 + 8 * kStages;
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -71,10 +74,6 @@ template <int K>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(K) : "memory");
 }
-// cp.async writes shared memory through the generic proxy; wgmma reads it through the async one.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
@@ -87,6 +86,31 @@ __device__ __forceinline__ void wgmma_wait_all() {
 // Keeps the compiler from moving accesses of an accumulator across the asynchronous wgmma.
 __device__ __forceinline__ void fence_operand(float& r) {
   asm volatile("" : "+f"(r)::"memory");
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// A box of the 2-D tensor map (inner coordinate c0, row c1) into shared memory, completing on bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
 }
 
 // Descriptor of a K-major operand in 128-byte swizzled rows (8-row atoms 1024 bytes apart).
@@ -148,20 +172,28 @@ struct Q4GmmaBlock {
   // a scale chunk (threads below kSChunks), its row's group sums (threads below N).
   static constexpr int kWChunks = kBlockTiles * S::kTileBytes / 16 / kThreads;
   static constexpr int kSChunks = kBlockTiles * S::kScaleBytes / 16;
-  const __half* ax;
-  int64_t ld, K;
+  int64_t K;
   const uint8_t* wsrc[kWChunks];
   const uint8_t* ssrc;
   const float* sumsrc;
-  uint32_t uses0;  // the block's stage uses before this tile (stage i is slot i % kStages)
+  // The activations come by the tensor copy engine: its map, the block's first row, the stage
+  // mbarriers and the block's stage uses before this tile (each use is one mbarrier phase).
+  const CUtensorMap* tmap;
+  int row0;
+  uint32_t bars, uses0;
 
   __device__ Q4GmmaBlock(const DevMat& m, int64_t r0, int valid, const Q4Act& act, int64_t cbase,
-                         int ncols_, int end, uint32_t smem_, uint32_t uses)
-      : smem(smem_), k1(end), ncols(ncols_), uses0(uses) {
+                         int ncols_, int end, uint32_t smem_, const CUtensorMap* tmap_,
+                         uint32_t uses)
+      : smem(smem_),
+        k1(end),
+        ncols(ncols_),
+        tmap(tmap_),
+        row0(static_cast<int>(cbase)),
+        bars(smem_ + kStages * S::kBytes),
+        uses0(uses) {
     groups = static_cast<int>(m.cols / G);
-    ld = act.ld;
     K = act.ld / 2;
-    ax = act.x + cbase * act.ld;
     // Chunk i of a stage's weights is 16 bytes i % (16W) of tile i / (16W)'s group block; tiles
     // past the job's end reread its last tile (they write no output).
     const int last = max(valid - 1, 0);
@@ -195,26 +227,20 @@ struct Q4GmmaBlock {
     }
   }
 
-  // The activations (hi and lo parts, N rows, zeros past ncols) and their group sums of group
-  // grp into stage `slot` (no commit). Chunk i: 16 bytes c = i % 8 of 128-byte row r = (i / 8)
-  // % N of atom (part, a); stored at row r of the atom with its 16-byte index xor r % 8.
+  // The activations (hi and lo parts, N rows; rows past the prepared ones read as zeros) of
+  // group grp into stage `slot` by the tensor copy engine (its mbarrier), and their group sums
+  // by cp.async (no commit).
   __device__ __forceinline__ void stage_acts(int slot, int grp) const {
     if (grp >= k1) return;
     const uint32_t base = smem + slot * S::kBytes;
-    constexpr int kChunks = 2 * S::kAtoms * N * 8;
-    {
+    if (threadIdx.x == 0) {
+      const uint32_t bar = bars + 8 * slot;
+      mbar_expect(bar, S::kWOff);
 #pragma unroll
-      for (int r = 0; r < (kChunks + kThreads - 1) / kThreads; ++r) {
-        const int i = threadIdx.x + kThreads * r;
-        if (kChunks % kThreads != 0 && i >= kChunks) break;
-        const int c = i & 7, row = (i >> 3) % N, pa = i / (8 * N);
+      for (int pa = 0; pa < 2 * S::kAtoms; ++pa) {
         const int part = pa / S::kAtoms, atom = pa % S::kAtoms;
-        const bool live = row < ncols;
-        const __half* src = ax + (live ? row * ld : 0) + part * K + static_cast<int64_t>(grp) * G +
-                            atom * 64 + c * 8;
-        const uint32_t dst = base + pa * S::kPartBytes + (row >> 3) * 1024 + (row & 7) * 128 +
-                             ((c ^ (row & 7)) << 4);
-        cp_async16(dst, src, live ? 16 : 0);
+        tma_load_2d(base + pa * S::kPartBytes, tmap,
+                    static_cast<int>(part * K) + grp * G + atom * 64, row0, bar);
       }
     }
     if (threadIdx.x < N) {
@@ -311,8 +337,8 @@ struct Q4GmmaBlock {
     for (int grp = k0; grp < k1; ++grp) {
       const uint32_t use = uses0 + static_cast<uint32_t>(grp - k0);
       cp_async_wait<kStages - 2>();
-      fence_proxy_async();
       __syncthreads();  // stage `use` is loaded; the one before is free (its wgmmas were waited)
+      mbar_wait(bars + 8 * (use % kStages), (use / kStages) & 1);
       const int next = static_cast<int>((use + kStages - 1) % kStages);
       stage_weights(next, grp + kStages - 1);
       stage_acts(next, grp + kStages - 1);
@@ -328,18 +354,25 @@ struct Q4GmmaBlock {
 // Stream-K over block tiles (each job's tiles padded to whole block tiles); warp w of a block
 // takes tile w of the block tile over the block's k range. kChunks: grouped MoE rows
 // (launch_q4g_gemv_chunks), tiles_per_chunk padded tiles per chunk. Dynamic shared memory:
-// Q4GmmaStage<G, N, ST>::kSmem.
+// Q4GmmaStage<G, N, ST>::kSmem. tmap: the prepared activations as [rows, 2K] halves in boxes of
+// 64 x N, 128-byte swizzled.
 template <int G, int N, int ST, bool kChunks>
 __global__ void __launch_bounds__(kThreads, 1)
     q4g_gemv_kernel(GemvJobs jobs, Q4Act act, int n, StreamK sk, const int32_t* chunks,
-                    int64_t tiles_per_chunk) {
+                    int64_t tiles_per_chunk, const __grid_constant__ CUtensorMap tmap) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t q4g_smem[];
+  using S = Q4GmmaStage<G, N, ST>;
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(q4g_smem));
   const uint32_t smem = (raw + 1023) & ~1023u;
   const int64_t unit = blockIdx.x;
   if (unit >= sk.warps) return;  // the whole block
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S::kStages; ++s) mbar_init(smem + S::kStages * S::kBytes + 8 * s);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
   uint32_t uses = 0;
   streamk_for_each(sk, unit, [&](int64_t btile, int64_t k0, int64_t k1) {
     const Q4Tile q = q4_jobs_tile<kChunks>(
@@ -347,7 +380,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t valid64 = (q.m.rows + 15) / 16 - q.r0 / 16;
     const int valid = static_cast<int>(valid64 < kBlockTiles ? valid64 : kBlockTiles);
     float tot[N / 2];
-    Q4GmmaBlock<G, N, ST>(q.m, q.r0, valid, act, q.cbase, q.ncols, static_cast<int>(k1), smem, uses)
+    Q4GmmaBlock<G, N, ST>(q.m, q.r0, valid, act, q.cbase, q.ncols, static_cast<int>(k1), smem,
+                          &tmap, uses)
         .run(static_cast<int>(k0), tot);
     uses += static_cast<uint32_t>(k1 - k0);
     if (warp >= valid) return;  // a padding tile
@@ -374,6 +408,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// The prepared activations as a 2-D tensor of [rows, 2K] halves for the copy engine: boxes of
+// 64 halves (128 bytes) x N rows, 128-byte swizzled, rows past the end read as zeros.
+CUtensorMap act_tensor_map(const Q4Act& act, int n_box, const GemvWorkspace& ws) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(act.ld), static_cast<cuuint64_t>(act.rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(act.ld) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(n_box)};
+  const cuuint32_t elem[2] = {1, 1};
+  const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ws.encode_tiled);
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, act.x, dims, strides, box,
+                            elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TM_CUDA_REQUIRE(r == CUDA_SUCCESS, "q4 wgmma gemv: cuTensorMapEncodeTiled failed");
+  return map;
+}
+
 template <int G, int N, int ST, bool kChunks>
 void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
                   int64_t block_tiles, const GemvWorkspace& ws, const int32_t* chunks,
@@ -382,10 +432,11 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
   constexpr size_t smem = Q4GmmaStage<G, N, ST>::kSmem;
   TM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(smem)));
-  const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), kThreads, block_tiles,
-                                  jobs.m[0].cols / G, 32 * (N / 2), ws, kMinSteps, kWarps, smem);
+  StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), kThreads, block_tiles,
+                            jobs.m[0].cols / G, 32 * (N / 2), ws, kMinSteps, kWarps, smem);
+  const CUtensorMap map = act_tensor_map(act, N, ws);
   launch_pdl(kernel, dim3(static_cast<unsigned>(sk.warps)), dim3(kThreads), smem, st, jobs, act, n,
-             sk, chunks, tiles_per_chunk);
+             sk, chunks, tiles_per_chunk, map);
 }
 
 template <int G, int N, bool kChunks>

@@ -55,6 +55,48 @@ __device__ __forceinline__ void streamk_for_each(const StreamK& sk, int64_t w, F
   }
 }
 
+// A slot holds a warp's kCount floats per lane vector-interleaved: lane l's value i at
+// ((i / V) * 32 + l) * V + i % V, V = 4, 2 or 1 floats as kCount allows. Each V-wide access of
+// the warp then covers 32 * V contiguous floats. (Lane-major slots made each scalar access of
+// the warp touch 32 lines: ncu put 37% of the 64-row wgmma GEMV's samples on writing and
+// reading its 4 KB per warp of partials.)
+template <int kCount>
+struct FixupVec {
+  static constexpr int V = kCount % 4 == 0 ? 4 : kCount % 2 == 0 ? 2 : 1;
+  static_assert(kCount % V == 0, "whole vectors");
+
+  __device__ __forceinline__ static void store(float* slot, int lane, const float (&v)[kCount]) {
+#pragma unroll
+    for (int c = 0; c < kCount / V; ++c) {
+      float* p = slot + (c * 32 + lane) * V;
+      if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(p) =
+            make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+      } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(p) = make_float2(v[2 * c], v[2 * c + 1]);
+      } else {
+        *p = v[c];
+      }
+    }
+  }
+  // Past L1 (other SMs wrote the slot).
+  __device__ __forceinline__ static void load(const float* slot, int lane, float (&v)[kCount]) {
+#pragma unroll
+    for (int c = 0; c < kCount / V; ++c) {
+      const float* p = slot + (c * 32 + lane) * V;
+      if constexpr (V == 4) {
+        const float4 q = __ldcg(reinterpret_cast<const float4*>(p));
+        v[4 * c] = q.x, v[4 * c + 1] = q.y, v[4 * c + 2] = q.z, v[4 * c + 3] = q.w;
+      } else if constexpr (V == 2) {
+        const float2 q = __ldcg(reinterpret_cast<const float2*>(p));
+        v[2 * c] = q.x, v[2 * c + 1] = q.y;
+      } else {
+        v[c] = __ldcg(p);
+      }
+    }
+  }
+};
+
 // Called by all 32 lanes of the warp that computed steps [k0, k1) of tile t, a strict part of it,
 // with its `vals` (this lane's share, kCount floats). A unit of work may be several warps (a
 // block), each computing its own part `sub` of `subs` of the unit's tiles: each sub-unit then has
@@ -68,10 +110,9 @@ __device__ __forceinline__ void streamk_for_each(const StreamK& sk, int64_t w, F
 template <int kCount>
 __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int64_t t, int slot,
                                               float (&vals)[kCount], int sub = 0, int subs = 1) {
+  using Vec = FixupVec<kCount>;
   const int lane = threadIdx.x & 31;
-  float* mine = sk.partials + ((w * subs + sub) * 2 + slot) * sk.slot_floats + lane * kCount;
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) mine[i] = vals[i];
+  Vec::store(sk.partials + ((w * subs + sub) * 2 + slot) * sk.slot_floats, lane, vals);
   __threadfence();
   __syncwarp();
   int last = 0;
@@ -90,10 +131,8 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int64_t ww = min(base + b, w1);  // past w1: a repeated load, not added
-      const float* p = sk.partials + ((ww * subs + sub) * 2 + sk.slot_of(ww, t)) * sk.slot_floats +
-                       lane * kCount;
-#pragma unroll
-      for (int i = 0; i < kCount; ++i) got[b][i] = __ldcg(p + i);  // past L1: other SMs wrote it
+      Vec::load(sk.partials + ((ww * subs + sub) * 2 + sk.slot_of(ww, t)) * sk.slot_floats, lane,
+                got[b]);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
