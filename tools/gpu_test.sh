@@ -20,6 +20,8 @@
 #   http (not in the default list): server vs engine on a dummy 27B-shaped model,
 #   profile (not in the default list): per-kernel time of one decode step (ncu,
 #   tools/kernel_profile.py).
+#   timeline (not in the default list): the real timeline of replayed decode steps
+#   (tools/kernel_trace, tools/kernel_timeline.py): each kernel's share of the critical path.
 # Logs: $OUT/<stage>.log and $OUT/summary.txt (printed last).
 set -u
 : "${OUT:=/tmp/tokenmill_gpu_out}"
@@ -88,7 +90,7 @@ want deps && stage deps 60 bash -c unpack
 want configure && stage configure 90 bash -c configure
 want build && stage build 300 ninja -C "$BUILD" -j "$JOBS" tokenmill tm_test_backend_cuda \
   tm_test_golden tm_test_backend_cpu tm_test_model tm_test_tensor tm_test_engine \
-  tm_bench_linear_ops
+  tm_bench_linear_ops $(want timeline && echo tm_kernel_trace)
 T="$BUILD/tests"
 want cuda && stage cuda 150 "$T/tm_test_backend_cuda"
 grep -E "^\[cuda model\]|FAILED|PASSED|SKIPPED \]" "$OUT/cuda.log" 2>/dev/null | head -40 >> "$SUMMARY"
@@ -141,6 +143,20 @@ if want profile; then
     --prompt-lengths 32 --contexts 64 --batches 1 --decode-tokens 3 > $PROF_CSV" && true
   python3 tools/kernel_profile.py "$PROF_CSV" > "$OUT/profile.log" 2>&1 && true
   cat "$OUT/profile.log" >> "$SUMMARY"
+fi
+if want timeline; then
+  # The real timeline of replayed decode steps (tools/kernel_trace: CUPTI activity records, no
+  # serialization), then tools/kernel_timeline.py's per-kernel critical path (not in the default
+  # list). TIMELINE_PRESETS: "preset:quant ...".
+  for pq in ${TIMELINE_PRESETS:-qwen3.5-27b:q4g64 qwen3.5-35b-a3b:q4g64}; do
+    p=${pq%%:*} q=${pq##*:}
+    stage "timeline_${p}_${q}" 120 env CUDA_INJECTION64_PATH="$BUILD/tools/kernel_trace/libtm_kernel_trace.so" \
+      TM_KERNEL_TRACE="$OUT/trace_${p}_${q}.csv" "$BUILD/tokenmill" bench --dummy-weights \
+      --device cuda --preset "$p" --quant "$q" --prompt-lengths 32 --contexts 1024 \
+      --batches "${TIMELINE_BATCHES:-1}" --decode-tokens 16 && true
+    python3 tools/kernel_timeline.py "$OUT/trace_${p}_${q}.csv" > "$OUT/timeline_${p}_${q}.txt" 2>&1 && true
+    head -30 "$OUT/timeline_${p}_${q}.txt" >> "$SUMMARY"
+  done
 fi
 if want sanitizer; then
   stage sanitizer 120 compute-sanitizer --tool memcheck --error-exitcode 3 \

@@ -46,6 +46,7 @@ def kernel_rows(path):
 
 def short_name(name):
     """The kernel's function name without namespaces, template arguments or parameters."""
+    name = name.replace("(anonymous namespace)::", "")
     name = re.sub(r"\(.*$", "", name)  # parameter list
     depth, out = 0, []
     for ch in name:  # template arguments, nested
