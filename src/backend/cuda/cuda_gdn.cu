@@ -293,6 +293,47 @@ size_t parts_smem_bytes(int Dk, int cols) {
   return static_cast<size_t>(kTokChunk) * (2 * Dk + cols + 2) * sizeof(float);
 }
 
+// One token's update of a thread's rows [i0, i0 + kRowsPerPart) of column d when k_dim ==
+// kRegDk (q and k in shared memory, 16-byte aligned), the CPU reference's order per row; returns
+// o_d (the column's kParts threads are adjacent lanes and all take part in the shuffles).
+__device__ __forceinline__ float delta_token_full(float (&col)[kRowsPerPart],
+                                                  const float* __restrict__ qs,
+                                                  const float* __restrict__ ks, int i0, float a,
+                                                  float bt, float vt) {
+  // Four partial sums per thread (rows j % 4): the dependent FMA chains are a quarter as long.
+  float kp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int j4 = 0; j4 < kRowsPerPart / 4; ++j4) {
+    const float4 k4 = reinterpret_cast<const float4*>(ks + i0)[j4];
+    const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      col[4 * j4 + u] *= a;
+      kp[u] += kv[u] * col[4 * j4 + u];
+    }
+  }
+  float kS = (kp[0] + kp[1]) + (kp[2] + kp[3]);
+  kS += __shfl_xor_sync(0xffffffffu, kS, 1);
+  kS += __shfl_xor_sync(0xffffffffu, kS, 2);
+  const float delta = bt * (vt - kS);
+  float op[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int j4 = 0; j4 < kRowsPerPart / 4; ++j4) {
+    const float4 k4 = reinterpret_cast<const float4*>(ks + i0)[j4];
+    const float4 q4 = reinterpret_cast<const float4*>(qs + i0)[j4];
+    const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      col[4 * j4 + u] += kv[u] * delta;
+      op[u] += qv[u] * col[4 * j4 + u];
+    }
+  }
+  float o = (op[0] + op[1]) + (op[2] + op[3]);
+  o += __shfl_xor_sync(0xffffffffu, o, 1);
+  o += __shfl_xor_sync(0xffffffffu, o, 2);
+  return o;
+}
+
 // kFull: k_dim == kRegDk, so every thread holds kRowsPerPart rows (no bounds per row, and q/k
 // read as float4). The per-row bounds checks of the general form kept each row's shared load
 // and FMA in a branch of its own: the kS and o chains then waited for every load in turn
@@ -365,21 +406,11 @@ __global__ void __launch_bounds__(kPartsBlockThreads) delta_rule_parts_kernel(De
       const float* ks = qs + Dk;
       const float a = a_sh[tt], bt = b_sh[tt];
       const float vt = v_sh[tt * cols + threadIdx.x / kParts];
-      // Four partial sums per thread (rows j % 4): the dependent FMA chains are a quarter as
-      // long.
-      float kp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float o;
       if constexpr (kFull) {
-#pragma unroll
-        for (int j4 = 0; j4 < kRowsPerPart / 4; ++j4) {
-          const float4 k4 = reinterpret_cast<const float4*>(ks + i0)[j4];
-          const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            col[4 * j4 + u] *= a;
-            kp[u] += kv[u] * col[4 * j4 + u];
-          }
-        }
+        o = delta_token_full(col, qs, ks, i0, a, bt, vt);
       } else {
+        float kp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int j = 0; j < kRowsPerPart; ++j) {
           const int i = i0 + j;
@@ -388,26 +419,11 @@ __global__ void __launch_bounds__(kPartsBlockThreads) delta_rule_parts_kernel(De
             kp[j % 4] += ks[i] * col[j];
           }
         }
-      }
-      float kS = (kp[0] + kp[1]) + (kp[2] + kp[3]);
-      // The parts of a column are adjacent lanes: all lanes take part in the shuffles.
-      kS += __shfl_xor_sync(0xffffffffu, kS, 1);
-      kS += __shfl_xor_sync(0xffffffffu, kS, 2);
-      const float delta = bt * (vt - kS);
-      float op[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if constexpr (kFull) {
-#pragma unroll
-        for (int j4 = 0; j4 < kRowsPerPart / 4; ++j4) {
-          const float4 k4 = reinterpret_cast<const float4*>(ks + i0)[j4];
-          const float4 q4 = reinterpret_cast<const float4*>(qs + i0)[j4];
-          const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            col[4 * j4 + u] += kv[u] * delta;
-            op[u] += qv[u] * col[4 * j4 + u];
-          }
-        }
-      } else {
+        float kS = (kp[0] + kp[1]) + (kp[2] + kp[3]);
+        kS += __shfl_xor_sync(0xffffffffu, kS, 1);
+        kS += __shfl_xor_sync(0xffffffffu, kS, 2);
+        const float delta = bt * (vt - kS);
+        float op[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int j = 0; j < kRowsPerPart; ++j) {
           const int i = i0 + j;
@@ -416,6 +432,9 @@ __global__ void __launch_bounds__(kPartsBlockThreads) delta_rule_parts_kernel(De
             op[j % 4] += qs[i] * col[j];
           }
         }
+        o = (op[0] + op[1]) + (op[2] + op[3]);
+        o += __shfl_xor_sync(0xffffffffu, o, 1);
+        o += __shfl_xor_sync(0xffffffffu, o, 2);
       }
       if (A.steps != nullptr && active) {
         float* step = A.steps + (t * Hv + h) * state_size;
@@ -425,9 +444,6 @@ __global__ void __launch_bounds__(kPartsBlockThreads) delta_rule_parts_kernel(De
           if (kFull || (j < rows && i < Dk)) step[static_cast<int64_t>(i) * Dv + d] = col[j];
         }
       }
-      float o = (op[0] + op[1]) + (op[2] + op[3]);
-      o += __shfl_xor_sync(0xffffffffu, o, 1);
-      o += __shfl_xor_sync(0xffffffffu, o, 2);
       if (active && part == 0) A.out[t * v_stride + static_cast<int64_t>(h) * Dv + d] = o;
     }
   }
@@ -438,6 +454,47 @@ __global__ void __launch_bounds__(kPartsBlockThreads) delta_rule_parts_kernel(De
       if (j < rows && i < Dk) S[static_cast<int64_t>(i) * Dv + d] = col[j];
     }
   }
+}
+
+// Decode: one token per sequence, k_dim == kRegDk, no per-token states. The parts kernel's
+// staging loops for 32 tokens held it at 165 registers, 3 blocks of 128 threads per
+// multiprocessor, while a 64-sequence step streams 400 MB of state through it; this one fits 6
+// (80 registers, no spills; 8 would spill 240 bytes). Here the state
+// column loads before the wait: the state was last written by this layer's previous step, and
+// every kernel before the one this launch depends on has completed once this one starts (each
+// waits before it lets its dependents launch).
+__global__ void __launch_bounds__(kPartsBlockThreads, 6) delta_rule_decode_kernel(DeltaArgs A) {
+  __shared__ __align__(16) float qk[2 * kRegDk];  // q_t, k_t of the block's key head
+  const int s = blockIdx.x, h = blockIdx.y;
+  const int cols = blockDim.x / kParts, c0 = blockIdx.z * cols;
+  const int d = c0 + threadIdx.x / kParts, part = threadIdx.x % kParts;
+  const int Hv = A.st.v_heads, Hk = A.st.k_heads, Dv = A.st.v_dim;
+  const int kh = h / (Hv / Hk), i0 = part * kRowsPerPart;
+  const bool active = d < Dv;
+  float* S = A.st.ssm + (static_cast<int64_t>(A.slots[s]) * Hv + h) * kRegDk * Dv;
+  float col[kRowsPerPart];
+#pragma unroll
+  for (int j = 0; j < kRowsPerPart; ++j) {
+    col[j] = active ? S[static_cast<int64_t>(i0 + j) * Dv + d] : 0.0f;
+  }
+  pdl_begin();
+  const int64_t t = A.seqs.cu_seqlens[s];
+  if (A.seqs.cu_seqlens[s + 1] <= t) return;  // no token: the state stays as it is
+  const int64_t qk_at = t * static_cast<int64_t>(Hk) * kRegDk + static_cast<int64_t>(kh) * kRegDk;
+  if (threadIdx.x < 2 * kRegDk / 4) {  // 16-byte words of q then k
+    const int w = threadIdx.x % (kRegDk / 4);
+    const float* src = threadIdx.x < kRegDk / 4 ? A.q : A.k;
+    reinterpret_cast<float4*>(qk)[threadIdx.x] = reinterpret_cast<const float4*>(src + qk_at)[w];
+  }
+  const int64_t v_stride = static_cast<int64_t>(Hv) * Dv;
+  const float a = expf(A.g[t * Hv + h]), bt = A.beta[t * Hv + h];
+  const float vt = active ? A.v[t * v_stride + static_cast<int64_t>(h) * Dv + d] : 0.0f;
+  __syncthreads();
+  const float o = delta_token_full(col, qk, qk + kRegDk, i0, a, bt, vt);
+  if (!active) return;
+  if (part == 0) A.out[t * v_stride + static_cast<int64_t>(h) * Dv + d] = o;
+#pragma unroll
+  for (int j = 0; j < kRowsPerPart; ++j) S[static_cast<int64_t>(i0 + j) * Dv + d] = col[j];
 }
 
 }  // namespace
@@ -507,8 +564,11 @@ void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs
     const int col_blocks = (st.v_dim * cuda::kParts + pthreads - 1) / pthreads;
     const dim3 pgrid(grid.x, grid.y, static_cast<unsigned>(col_blocks));
     const size_t psmem = cuda::parts_smem_bytes(st.k_dim, pthreads / cuda::kParts);
-    if (st.k_dim == cuda::kRegDk && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
-        reinterpret_cast<uintptr_t>(k) % 16 == 0) {
+    const bool full = st.k_dim == cuda::kRegDk && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(k) % 16 == 0;
+    if (full && seqs.max_seq_tokens == 1 && step_states == nullptr) {
+      cuda::launch_pdl(cuda::delta_rule_decode_kernel, pgrid, pthreads, 0, stream_, a);
+    } else if (full) {
       cuda::launch_pdl(cuda::delta_rule_parts_kernel<true>, pgrid, pthreads, psmem, stream_, a);
     } else {
       cuda::launch_pdl(cuda::delta_rule_parts_kernel<false>, pgrid, pthreads, psmem, stream_, a);

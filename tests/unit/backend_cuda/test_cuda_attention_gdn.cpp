@@ -399,8 +399,9 @@ TEST_F(CudaGdn, DeltaRuleContinuesStateWithStepStates) {
   struct Dims {
     int Dk, Dv;
   };
-  // Dk <= 128 keeps state columns in registers; 160 takes the in-memory path.
-  for (Dims dm : {Dims{16, 32}, Dims{128, 128}, Dims{160, 48}}) {
+  // Dk <= 128 keeps state columns in registers; 160 takes the in-memory path. A call of one
+  // token per sequence at Dk = 128 takes the decode kernel (Dv 48: a partial column block).
+  for (Dims dm : {Dims{16, 32}, Dims{128, 128}, Dims{128, 48}, Dims{160, 48}}) {
     const int Hk = 2, Hv = 4, slots_n = 4;
     GDNStateView st{};
     st.k_heads = Hk;
@@ -412,7 +413,8 @@ TEST_F(CudaGdn, DeltaRuleContinuesStateWithStepStates) {
     const std::vector<int32_t> slots = {1, 3, 0};
     float* dssm = up(ssm);
     int call = 0;
-    for (const std::vector<int>& lens : {std::vector<int>{1, 9, 70}, std::vector<int>{2, 1, 5}}) {
+    for (const std::vector<int>& lens :
+         {std::vector<int>{1, 9, 70}, std::vector<int>{2, 1, 5}, std::vector<int>{1, 1, 1}}) {
       std::vector<int32_t> cu = {0};
       for (int l : lens) cu.push_back(cu.back() + l);
       const int T = cu.back();
@@ -427,7 +429,8 @@ TEST_F(CudaGdn, DeltaRuleContinuesStateWithStepStates) {
       for (auto& x : beta) x = rng.uniform(0.0f, 1.0f);
       const bool steps = call == 1;
       std::vector<float> step_want(steps ? static_cast<size_t>(T) * Hv * ssz : 0);
-      SeqLayout seqs{3, T, cu.data(), positions.data(), 70};
+      SeqLayout seqs{3, T, cu.data(), positions.data(),
+                     *std::max_element(lens.begin(), lens.end())};
       st.ssm = ssm.data();
       std::vector<float> want(v.size());
       cpu->gated_delta_rule(st, seqs, slots.data(), q.data(), k.data(), v.data(), g.data(),
