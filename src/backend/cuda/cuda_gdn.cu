@@ -293,6 +293,15 @@ size_t parts_smem_bytes(int Dk, int cols) {
   return static_cast<size_t>(kTokChunk) * (2 * Dk + cols + 2) * sizeof(float);
 }
 
+// Sum of a thread's four partial sums over the kParts adjacent lanes of its column (all lanes
+// take part in the shuffles).
+__device__ __forceinline__ float column_sum(const float (&p)[4]) {
+  float v = (p[0] + p[1]) + (p[2] + p[3]);
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
+}
+
 // One token's update of a thread's rows [i0, i0 + kRowsPerPart) of column d when k_dim ==
 // kRegDk (q and k in shared memory, 16-byte aligned), the CPU reference's order per row; returns
 // o_d (the column's kParts threads are adjacent lanes and all take part in the shuffles).
@@ -312,10 +321,7 @@ __device__ __forceinline__ float delta_token_full(float (&col)[kRowsPerPart],
       kp[u] += kv[u] * col[4 * j4 + u];
     }
   }
-  float kS = (kp[0] + kp[1]) + (kp[2] + kp[3]);
-  kS += __shfl_xor_sync(0xffffffffu, kS, 1);
-  kS += __shfl_xor_sync(0xffffffffu, kS, 2);
-  const float delta = bt * (vt - kS);
+  const float delta = bt * (vt - column_sum(kp));
   float op[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int j4 = 0; j4 < kRowsPerPart / 4; ++j4) {
@@ -328,10 +334,7 @@ __device__ __forceinline__ float delta_token_full(float (&col)[kRowsPerPart],
       op[u] += qv[u] * col[4 * j4 + u];
     }
   }
-  float o = (op[0] + op[1]) + (op[2] + op[3]);
-  o += __shfl_xor_sync(0xffffffffu, o, 1);
-  o += __shfl_xor_sync(0xffffffffu, o, 2);
-  return o;
+  return column_sum(op);
 }
 
 // kFull: k_dim == kRegDk, so every thread holds kRowsPerPart rows (no bounds per row, and q/k
@@ -419,10 +422,7 @@ __global__ void __launch_bounds__(kPartsBlockThreads) delta_rule_parts_kernel(De
             kp[j % 4] += ks[i] * col[j];
           }
         }
-        float kS = (kp[0] + kp[1]) + (kp[2] + kp[3]);
-        kS += __shfl_xor_sync(0xffffffffu, kS, 1);
-        kS += __shfl_xor_sync(0xffffffffu, kS, 2);
-        const float delta = bt * (vt - kS);
+        const float delta = bt * (vt - column_sum(kp));
         float op[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int j = 0; j < kRowsPerPart; ++j) {
@@ -432,9 +432,7 @@ __global__ void __launch_bounds__(kPartsBlockThreads) delta_rule_parts_kernel(De
             op[j % 4] += qs[i] * col[j];
           }
         }
-        o = (op[0] + op[1]) + (op[2] + op[3]);
-        o += __shfl_xor_sync(0xffffffffu, o, 1);
-        o += __shfl_xor_sync(0xffffffffu, o, 2);
+        o = column_sum(op);
       }
       if (A.steps != nullptr && active) {
         float* step = A.steps + (t * Hv + h) * state_size;
