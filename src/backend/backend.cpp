@@ -47,4 +47,17 @@ void Backend::add_shared_expert(const float* x, int64_t n, const SharedExpert& s
   add(out, down, n * hidden);
 }
 
+void Backend::moe_block(float* x, const float* y, int64_t n, int hidden, const MoeBlockWeights& b,
+                        const MoeBlockScratch& s, float* out) {
+  const int E = static_cast<int>(b.router->rows);
+  const bool shared = b.has_shared();
+  const Weight* ws[] = {b.router, b.shared_expert_gate};
+  float* outs[] = {s.logits, s.shared_logit};
+  rmsnorm_linear_multi(x, y, b.norm, s.h, n, hidden, b.eps, ws, outs, shared ? 2 : 1);
+  topk_softmax(s.logits, n, E, b.k, b.renormalize, s.ids, s.weights);
+  const SharedExpert se{b.shared_gate, b.shared_up, b.shared_down, s.shared_logit};
+  moe(s.h, n, b.k, s.ids, s.weights, *b.gate, *b.up, *b.down, shared ? &se : nullptr, out,
+      s.scratch);
+}
+
 }  // namespace tokenmill

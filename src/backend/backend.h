@@ -105,6 +105,37 @@ struct SharedExpert {
   const float* gate_logit = nullptr;
 };
 
+// A MoE block (Backend::moe_block): its post-attention norm, router, top-k rule and experts.
+// router [E, hidden]; with a shared expert (shared_gate non-null): shared_expert_gate [1,
+// hidden], the logit whose sigmoid scales it, and its own gate, up and down matrices.
+struct MoeBlockWeights {
+  const float* norm = nullptr;  // [hidden]
+  float eps = 0.0f;
+  const Weight* router = nullptr;
+  int k = 0;
+  bool renormalize = true;
+  const Weight* gate = nullptr;  // [E, inter, hidden]
+  const Weight* up = nullptr;
+  const Weight* down = nullptr;  // [E, hidden, inter]
+  const Weight* shared_expert_gate = nullptr;
+  const Weight* shared_gate = nullptr;  // [inter', hidden]
+  const Weight* shared_up = nullptr;
+  const Weight* shared_down = nullptr;  // [hidden, inter']
+  bool has_shared() const { return shared_gate != nullptr; }
+};
+
+// Where a MoE block's intermediates go: h [n, hidden] (the normed rows), logits [n, E], the
+// shared expert's gate logits [n], ids and weights [n, k], and `scratch` for moe
+// (moe_scratch_floats).
+struct MoeBlockScratch {
+  float* h = nullptr;
+  float* logits = nullptr;
+  float* shared_logit = nullptr;
+  int32_t* ids = nullptr;
+  float* weights = nullptr;
+  float* scratch = nullptr;
+};
+
 // Scratch floats Backend::moe needs for n tokens of k routed experts (expert width inter) and an
 // optional shared expert (width shared_inter; 0: none).
 inline int64_t moe_scratch_floats(int64_t n, int64_t k, int64_t inter, int64_t shared_inter,
@@ -382,6 +413,12 @@ class Backend {
   virtual void moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
                    const Weight& gate, const Weight& up, const Weight& down,
                    const SharedExpert* shared, float* out, float* scratch) = 0;
+  // The MoE block of n rows: x += y (when y is not null), h = rmsnorm(x) * b.norm, the router's
+  // logits of h (and the shared expert's gate logit), topk_softmax,
+  // then moe(h, ...) into out. The default runs those ops; a backend may fuse the norm, router
+  // and top-k (decode: one launch instead of four) as long as it picks the same experts.
+  virtual void moe_block(float* x, const float* y, int64_t n, int hidden, const MoeBlockWeights& b,
+                         const MoeBlockScratch& s, float* out);
 
  protected:
   // out += the shared expert's gated output, composed of the ops above (for backends and weight

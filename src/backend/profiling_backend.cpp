@@ -173,5 +173,11 @@ void ProfilingBackend::moe(const float* x, int64_t n, int k, const int32_t* ids,
   timed("moe " + weight_label(gate), n,
         [&] { in_.moe(x, n, k, ids, weights, gate, up, down, shared, out, scratch); });
 }
+// The inner backend's own block (a fused front where it has one), timed as one op.
+void ProfilingBackend::moe_block(float* x, const float* y, int64_t n, int hidden,
+                                 const MoeBlockWeights& b, const MoeBlockScratch& s, float* out) {
+  timed("moe_block " + weight_label(*b.gate), n,
+        [&] { in_.moe_block(x, y, n, hidden, b, s, out); });
+}
 
 }  // namespace tokenmill

@@ -122,6 +122,8 @@ class ProfilingBackend final : public Backend {
   void moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
            const Weight& gate, const Weight& up, const Weight& down, const SharedExpert* shared,
            float* out, float* scratch) override;
+  void moe_block(float* x, const float* y, int64_t n, int hidden, const MoeBlockWeights& b,
+                 const MoeBlockScratch& s, float* out) override;
 
  private:
   // Runs fn, waits for the device, and charges the time to `op`, split by the call's size:

@@ -472,36 +472,31 @@ void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& ca
 void Model::ffn_block(const LayerWeights& L, int T) {
   Scratch& s = *s_;
   const FFNWeights& f = L.ffn;
-  // x += the mixer's output; h = post_norm(x); the block's input projections of h.
-  const auto project = [&](const Weight* const* ws, float* const* outs, int count) {
-    backend_.rmsnorm_linear_multi(s.x, s.mix, L.post_norm.data, s.h, T,
-                                  static_cast<int>(cfg_.hidden_size),
-                                  static_cast<float>(cfg_.rms_norm_eps), ws, outs, count);
-  };
   if (!f.moe) {
+    // x += the mixer's output; h = post_norm(x); gate and up of h; the down projection.
     const Weight* ws[] = {&f.gate_proj, &f.up_proj};
     float* outs[] = {s.ff_gate, s.ff_up};
-    project(ws, outs, 2);
+    backend_.rmsnorm_linear_multi(s.x, s.mix, L.post_norm.data, s.h, T,
+                                  static_cast<int>(cfg_.hidden_size),
+                                  static_cast<float>(cfg_.rms_norm_eps), ws, outs, 2);
     backend_.silu_mul_linear(s.ff_gate, s.ff_up, T, f.down_proj, s.ff_out, s.ff_act);
     return;
   }
-  const int E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
-  // The router and the shared expert's gate logit in one call; the shared expert itself runs
-  // with the routed ones (a backend may treat it as one more expert per token).
-  SharedExpert shared;
+  // The norm, the router (with the shared expert's gate logit), top-k and the experts in one
+  // call: a backend may fuse the front of it (Backend::moe_block).
+  MoeBlockWeights b;
+  b.norm = L.post_norm.data;
+  b.eps = static_cast<float>(cfg_.rms_norm_eps);
+  b.router = &f.router;
+  b.k = cfg_.num_experts_per_tok;
+  b.renormalize = cfg_.norm_topk_prob;
+  b.gate = &f.experts_gate, b.up = &f.experts_up, b.down = &f.experts_down;
   if (f.has_shared) {
-    const Weight* ws[] = {&f.router, &f.shared_gate};
-    float* outs[] = {s.router, s.sg};
-    project(ws, outs, 2);
-    shared = SharedExpert{&f.gate_proj, &f.up_proj, &f.down_proj, s.sg};
-  } else {
-    const Weight* ws[] = {&f.router};
-    float* outs[] = {s.router};
-    project(ws, outs, 1);
+    b.shared_expert_gate = &f.shared_gate;
+    b.shared_gate = &f.gate_proj, b.shared_up = &f.up_proj, b.shared_down = &f.down_proj;
   }
-  backend_.topk_softmax(s.router, T, E, K, cfg_.norm_topk_prob, s.topi, s.topw);
-  backend_.moe(s.h, T, K, s.topi, s.topw, f.experts_gate, f.experts_up, f.experts_down,
-               f.has_shared ? &shared : nullptr, s.ff_out, s.moe_scratch);
+  const MoeBlockScratch bs{s.h, s.router, s.sg, s.topi, s.topw, s.moe_scratch};
+  backend_.moe_block(s.x, s.mix, T, static_cast<int>(cfg_.hidden_size), b, bs, s.ff_out);
 }
 
 }  // namespace tokenmill

@@ -56,10 +56,11 @@ CudaBackend::CudaBackend(int device, PrefillPrecision prefill_precision)
   gemv_ws_.partial_floats = static_cast<size_t>(gemv_ws_.max_warps) * 2 * kMaxGemvSlotFloats;
   gemv_ws_.partials = static_cast<float*>(alloc(gemv_ws_.partial_floats * sizeof(float)));
   owned_.push_back(gemv_ws_.partials);
-  const size_t counter_bytes = static_cast<size_t>(gemv_ws_.max_warps) * sizeof(int);
+  const size_t counter_bytes = static_cast<size_t>(gemv_ws_.max_warps + 1) * sizeof(int);
   gemv_ws_.counters = static_cast<int*>(alloc(counter_bytes));
   owned_.push_back(gemv_ws_.counters);
   TM_CUDA(cudaMemset(gemv_ws_.counters, 0, counter_bytes));
+  gemv_ws_.ticket = gemv_ws_.counters + gemv_ws_.max_warps;
   init_gemm();
 }
 

@@ -20,6 +20,7 @@ namespace tokenmill {
 
 namespace cuda {
 struct DevMat;
+struct Q4Act;
 
 // Device memory the decode GEMVs work in, allocated once by the backend: prepared 4-bit
 // activations, stream-K partials and counters (counters zero between launches), and the
@@ -30,6 +31,7 @@ struct GemvWorkspace {
   float* partials = nullptr;
   size_t partial_floats = 0;
   int* counters = nullptr;
+  int* ticket = nullptr;  // one more counter: the last-block tickets (moe_block's front)
   int64_t max_warps = 0;  // counters and partial slots exist for this many warps
   int sm_count = 0;
   bool wgmma = false;  // an sm_90 device: the wgmma kernels (sm_90a machine code) run on it
@@ -160,6 +162,8 @@ class CudaBackend final : public Backend {
   void moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
            const Weight& gate, const Weight& up, const Weight& down, const SharedExpert* shared,
            float* out, float* scratch) override;
+  void moe_block(float* x, const float* y, int64_t n, int hidden, const MoeBlockWeights& b,
+                 const MoeBlockScratch& s, float* out) override;
 
   CUstream_st* stream() const { return stream_; }
 
@@ -168,6 +172,12 @@ class CudaBackend final : public Backend {
   void gemm(const float* x, int64_t n, const cuda::DevMat& m, float* out);
   bool gated_q4_linear(const float* x, const float* y, bool sigmoid_gate, int64_t n,
                        const Weight& w, float* out);
+  // moe, with x's 4-bit digits already in the GEMV workspace when `prepared` is given
+  // (moe_block's fused front; used when the slot kernels take all n rows in one piece).
+  void moe_experts(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
+                   const Weight& gate, const Weight& up, const Weight& down,
+                   const SharedExpert* shared, float* out, float* scratch,
+                   const cuda::Q4Act* prepared);
   // moe's general form: per-slot indexed GEMVs of any fast format, no shared expert.
   void moe_routed_indexed(const float* x, int64_t n, int k, const int32_t* ids,
                           const float* weights, const cuda::DevMat& gate, const cuda::DevMat& up,

@@ -222,6 +222,122 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// The MoE router's rule for one row, by one warp: p (shared memory, `experts` floats) holds the
+// logits and is overwritten. Softmax over all experts, then k passes taking the highest
+// probability, the lower index on ties (the CPU's rule); weights renormalised to sum to 1 when
+// `renormalize`. Lane i holds experts i, i+32, ...; up to 32 picks stay in the lanes (lane j
+// keeps pick j) and are written at the end. (A single thread did this serially: about 20k
+// dependent instructions, tens of microseconds per MoE layer at 256 experts; lane 0 writing
+// each pick and reading all k back cost k dependent L2 round trips.)
+__device__ __forceinline__ void topk_softmax_warp(float* p, int experts, int k, bool renormalize,
+                                                  int32_t* ids, float* weights) {
+  const int lane = threadIdx.x & 31;
+  float m = -INFINITY;
+  for (int x = lane; x < experts; x += 32) m = fmaxf(m, p[x]);
+  m = warp_max(m);
+  float sum = 0.0f;
+  for (int x = lane; x < experts; x += 32) sum += (p[x] = expf(p[x] - m));
+  sum = warp_sum(sum);
+  for (int x = lane; x < experts; x += 32) p[x] /= sum;
+  __syncwarp();
+  float picked = 0.0f;
+  int my_id = -1;
+  float my_w = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    // This lane's best candidate, then the warp's (value, index) maximum.
+    float bv = -1.0f;
+    int bx = -1;
+    for (int x = lane; x < experts; x += 32) {
+      if (p[x] >= 0.0f && (bx < 0 || p[x] > bv)) bv = p[x], bx = x;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int ox = __shfl_xor_sync(0xffffffffu, bx, o);
+      if (ox >= 0 && (bx < 0 || ov > bv || (ov == bv && ox < bx))) bv = ov, bx = ox;
+    }
+    if (k <= 32) {
+      if (lane == j) my_id = bx, my_w = bx >= 0 ? bv : NAN;
+    } else if (lane == 0) {
+      ids[j] = bx;
+      weights[j] = bx >= 0 ? bv : NAN;
+    }
+    picked += bv;
+    if (bx >= 0 && bx % 32 == lane) p[bx] = -1.0f;  // taken
+    __syncwarp();
+  }
+  if (k <= 32) {
+    if (lane < k) {
+      ids[lane] = my_id;
+      weights[lane] = renormalize ? my_w / picked : my_w;
+    }
+  } else if (renormalize && lane == 0) {
+    for (int j = 0; j < k; ++j) weights[j] /= picked;
+  }
+}
+
+// topk_softmax_warp's rule with the logits in registers, for experts <= 32 * kPer: lane i holds
+// logits[i + 32 * u] in v[u] (-inf past `experts`). Each pick is two warp reductions in
+// hardware (redux.sync): the largest probability (non-negative floats order as their bits) and
+// the lowest expert index holding it, where the shared-memory form took ten dependent shuffles
+// and a pass over shared memory per pick (about 3 us of a decode step's MoE layer at k = 8).
+template <int kPer>
+__device__ __forceinline__ void topk_softmax_warp_regs(const float (&v)[kPer], int experts, int k,
+                                                       bool renormalize, int32_t* ids,
+                                                       float* weights) {
+  const int lane = threadIdx.x & 31;
+  float m = -INFINITY;
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) m = fmaxf(m, v[u]);
+  m = warp_max(m);
+  float p[kPer], sum = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    p[u] = lane + 32 * u < experts ? expf(v[u] - m) : 0.0f;
+    sum += p[u];
+  }
+  sum = warp_sum(sum);
+  uint32_t open = 0;  // bit u: expert lane + 32u exists and is not picked yet
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    p[u] /= sum;
+    if (lane + 32 * u < experts) open |= 1u << u;
+  }
+  float picked = 0.0f, my_w = 0.0f;
+  int my_id = -1;
+  for (int j = 0; j < k; ++j) {
+    float bv = 0.0f;
+    int bu = -1;
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      if ((open >> u & 1u) && (bu < 0 || p[u] > bv)) bv = p[u], bu = u;
+    }
+    // Keys 1 + the bits of the lane's best (0: none), so a probability of 0 still ranks.
+    const uint32_t key = bu >= 0 ? __float_as_uint(bv) + 1u : 0u;
+    const uint32_t best = __reduce_max_sync(0xffffffffu, key);
+    const uint32_t id = __reduce_min_sync(
+        0xffffffffu, key == best && bu >= 0 ? static_cast<uint32_t>(lane + 32 * bu) : ~0u);
+    const bool found = best > 0u;
+    const float w = found ? __uint_as_float(best - 1u) : NAN;
+    if (found && static_cast<int>(id % 32) == lane) open &= ~(1u << (id / 32));
+    if (k <= 32) {
+      if (lane == j) my_id = found ? static_cast<int>(id) : -1, my_w = w;
+    } else if (lane == 0) {
+      ids[j] = found ? static_cast<int>(id) : -1;
+      weights[j] = w;
+    }
+    picked += found ? w : 0.0f;
+  }
+  if (k <= 32) {
+    if (lane < k) {
+      ids[lane] = my_id;
+      weights[lane] = renormalize ? my_w / picked : my_w;
+    }
+  } else if (renormalize && lane == 0) {
+    for (int j = 0; j < k; ++j) weights[j] /= picked;
+  }
+}
+
 // Programmatic dependent launch (Hopper): a kernel started with launch_pdl() may begin
 // while the kernel before it in the stream still runs, once that kernel called
 // allow_dependent_launch() (or its blocks finished). Before it touches anything the earlier

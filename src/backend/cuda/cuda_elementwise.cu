@@ -275,63 +275,29 @@ __global__ void rope_kernel(float* x, const int32_t* __restrict__ positions, int
   }
 }
 
-// One warp per row: lane i holds experts i, i+32, ... (probabilities in shared memory). Same
-// rule as the CPU: softmax over all experts, then k passes taking the highest probability, the
-// lower index on ties. (A single thread did this serially: about 20k dependent instructions,
-// tens of microseconds per MoE layer at 256 experts.)
+// One warp per row: in registers up to 256 experts (topk_softmax_warp_regs), else through
+// shared memory (topk_softmax_warp).
+constexpr int kTopkPerLane = 8;
 __global__ void topk_softmax_kernel(const float* __restrict__ logits, int experts, int k,
                                     bool renormalize, int32_t* __restrict__ ids,
                                     float* __restrict__ weights) {
   pdl_begin();
   extern __shared__ float p[];
   const int64_t r = blockIdx.x;
-  const int lane = threadIdx.x;
   const float* l = logits + r * experts;
-  float m = -INFINITY;
-  for (int x = lane; x < experts; x += 32) m = fmaxf(m, l[x]);
-  m = warp_max(m);
-  float sum = 0.0f;
-  for (int x = lane; x < experts; x += 32) sum += (p[x] = expf(l[x] - m));
-  sum = warp_sum(sum);
-  for (int x = lane; x < experts; x += 32) p[x] /= sum;
-  __syncwarp();
-  float picked = 0.0f;
-  // Up to 32 picks: lane j keeps pick j and writes it at the end, renormalized. (Lane 0 wrote each
-  // pick and then read all k back to divide them: k dependent L2 round trips, most of this
-  // kernel's 7 us at k = 8.)
-  int my_id = -1;
-  float my_w = 0.0f;
-  for (int j = 0; j < k; ++j) {
-    // This lane's best candidate, then the warp's (value, index) maximum.
-    float bv = -1.0f;
-    int bx = -1;
-    for (int x = lane; x < experts; x += 32) {
-      if (p[x] >= 0.0f && (bx < 0 || p[x] > bv)) bv = p[x], bx = x;
-    }
+  if (experts <= 32 * kTopkPerLane) {
+    float v[kTopkPerLane];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int ox = __shfl_xor_sync(0xffffffffu, bx, o);
-      if (ox >= 0 && (bx < 0 || ov > bv || (ov == bv && ox < bx))) bv = ov, bx = ox;
+    for (int u = 0; u < kTopkPerLane; ++u) {
+      const int e = threadIdx.x + 32 * u;
+      v[u] = e < experts ? l[e] : -INFINITY;
     }
-    if (k <= 32) {
-      if (lane == j) my_id = bx, my_w = bx >= 0 ? bv : NAN;
-    } else if (lane == 0) {
-      ids[r * k + j] = bx;
-      weights[r * k + j] = bx >= 0 ? bv : NAN;
-    }
-    picked += bv;
-    if (bx >= 0 && bx % 32 == lane) p[bx] = -1.0f;  // taken
-    __syncwarp();
+    topk_softmax_warp_regs(v, experts, k, renormalize, ids + r * k, weights + r * k);
+    return;
   }
-  if (k <= 32) {
-    if (lane < k) {
-      ids[r * k + lane] = my_id;
-      weights[r * k + lane] = renormalize ? my_w / picked : my_w;
-    }
-  } else if (renormalize && lane == 0) {
-    for (int j = 0; j < k; ++j) weights[r * k + j] /= picked;
-  }
+  for (int x = threadIdx.x; x < experts; x += 32) p[x] = l[x];
+  __syncwarp();
+  topk_softmax_warp(p, experts, k, renormalize, ids + r * k, weights + r * k);
 }
 
 unsigned grid_1d(int64_t n) {

@@ -20,40 +20,6 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kRowsPerWarp = 4;  // a tile: rows one warp computes together
 
-// 16 bytes of weights -> values, and how a chunk's partial dot becomes the output contribution.
-struct Bf16Chunk {
-  static constexpr int kValues = 8;
-  __device__ static void decode(const uint4& u, float* v) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      v[2 * k] = __uint_as_float(w[k] << 16);
-      v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-    }
-  }
-};
-
-// Small unsigned integer q as a float without a conversion instruction: the bytes
-// [q, 0, 0, 0x4B] are the float 2^23 + q.
-__device__ __forceinline__ float byte_to_float(uint32_t word, uint32_t selector) {
-  return __uint_as_float(__byte_perm(word, 0x4B000000u, selector)) - 8388608.0f;
-}
-
-struct Q8Chunk {
-  static constexpr int kValues = 16;
-  __device__ static void decode(const uint4& u, float* v) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-#pragma unroll
-      for (int b = 0; b < 4; ++b) v[4 * k + b] = byte_to_float(w[k], 0x7540u + b);
-    }
-  }
-};
-
-template <class C>
-constexpr bool kAffine = !std::is_same_v<C, Bf16Chunk>;
-
 __device__ __forceinline__ float load_scale(const DevMat& m, const uint8_t* p, int64_t i) {
   return load_sb(m.sdtype, p, i);
 }

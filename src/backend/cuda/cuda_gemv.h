@@ -3,6 +3,8 @@
 // style (cuda_streamk.cuh).
 #pragma once
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_streamk.cuh"
@@ -33,6 +35,40 @@ struct Q4Slots {
   int per_token = 1;  // k, or k + 1 with a shared expert
   int64_t x_div = 1;
 };
+
+// 16 bytes of bf16 or 8-bit weights -> F32 values (the CUDA-core GEMVs and the MoE router).
+struct Bf16Chunk {
+  static constexpr int kValues = 8;
+  __device__ static void decode(const uint4& u, float* v) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[2 * k] = __uint_as_float(w[k] << 16);
+      v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+  }
+};
+
+// Small unsigned integer q as a float without a conversion instruction: the bytes
+// [q, 0, 0, 0x4B] are the float 2^23 + q.
+__device__ __forceinline__ float byte_to_float(uint32_t word, uint32_t selector) {
+  return __uint_as_float(__byte_perm(word, 0x4B000000u, selector)) - 8388608.0f;
+}
+
+struct Q8Chunk {
+  static constexpr int kValues = 16;
+  __device__ static void decode(const uint4& u, float* v) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+#pragma unroll
+      for (int b = 0; b < 4; ++b) v[4 * k + b] = byte_to_float(w[k], 0x7540u + b);
+    }
+  }
+};
+
+template <class C>
+constexpr bool kAffine = !std::is_same_v<C, Bf16Chunk>;  // scales and biases per group
 
 // Warps to launch for `kernel` (one wave: what fits on the device at once, and no more than gives
 // each warp min_steps k-steps) and the stream-K division of tiles x steps over them. subs > 1:

@@ -36,60 +36,6 @@ constexpr int kPrepThreads = 256;
 // few loads in flight).
 constexpr int kQ4MinSteps = 8;
 
-// The digits of one 8-value word (v in nibble order 0,2,4,6,1,3,5,7) of activation row c, word
-// j of K/8: written as planes [row][digit][K/8] of 8 bytes per word, and per (row, group)
-// {2^-e, sum of the group's values} (NaN, NaN when the group holds a non-finite value). Called
-// by whole warps (shuffles); a group's G/8 words are aligned lanes of one warp; `live` false for
-// lanes past the row.
-__device__ __forceinline__ void q4d_store_word(const float (&v)[8], bool live, int64_t c, int64_t j,
-                                               int64_t K, int group, const Q4Act& act) {
-  const int64_t words = K / 8;
-  float m = 0.0f;
-  bool nan = false;
-#pragma unroll
-  for (int p = 0; p < 8; ++p) {
-    m = fmaxf(m, fabsf(v[p]));
-    nan |= isnan(v[p]);
-  }
-  if (nan) m = INFINITY;  // fmaxf drops NaN
-  const int wpg = group / 8;
-  for (int o = 1; o < wpg; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  const bool finite = m <= FLT_MAX;
-  // 2^e puts m in [2^29, 2^30); e <= 126 keeps 2^e and 2^-e normal floats (groups below ~2^-97
-  // lose resolution, as F32 itself does there).
-  int e = 0;
-  if (m > 0.0f && finite) {
-    e = min(29 - (static_cast<int>((__float_as_uint(m) >> 23) & 0xff) - 127), 126);
-  }
-  const float f = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
-  float sum = 0.0f;
-  uint32_t dw[4][2] = {};
-#pragma unroll
-  for (int p = 0; p < 8; ++p) {
-    const float s = finite ? rintf(v[p] * f) : 0.0f;  // |s| < 2^30: exact in int32
-    sum += s;
-    int q = static_cast<int>(s);
-    const int sh = 8 * (p & 3);
-#pragma unroll
-    for (int d = 3; d >= 1; --d) {
-      const int digit = static_cast<int8_t>(q & 0xff);
-      dw[d][p >> 2] |= static_cast<uint32_t>(digit & 0xff) << sh;
-      q = (q - digit) >> 8;
-    }
-    dw[0][p >> 2] |= static_cast<uint32_t>(q & 0xff) << sh;
-  }
-  for (int o = 1; o < wpg; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (!live) return;
-  uint2* planes = reinterpret_cast<uint2*>(act.x) + c * 4 * words;
-#pragma unroll
-  for (int d = 0; d < 4; ++d) planes[d * words + j] = make_uint2(dw[d][0], dw[d][1]);
-  if (j % wpg == 0) {
-    const float back = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
-    reinterpret_cast<float2*>(act.sums)[c * (K / group) + j / wpg] =
-        finite ? make_float2(back, sum * back) : make_float2(NAN, NAN);
-  }
-}
-
 // One thread per 8-value word of the [rows, K] activations (q4d_store_word).
 __global__ void __launch_bounds__(kPrepThreads)
     q4d_prepare_kernel(const float* __restrict__ x, const float* __restrict__ up, bool sigmoid_gate,

@@ -101,6 +101,13 @@ void combine(const float* dn, const float* weights, int64_t n, int k, int per_to
 void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
                       const Weight& gate, const Weight& up, const Weight& down,
                       const SharedExpert* shared, float* out, float* scratch) {
+  moe_experts(x, n, k, ids, weights, gate, up, down, shared, out, scratch, nullptr);
+}
+
+void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* ids,
+                              const float* weights, const Weight& gate, const Weight& up,
+                              const Weight& down, const SharedExpert* shared, float* out,
+                              float* scratch, const cuda::Q4Act* prepared) {
   if (n <= 0) return;
   const int64_t E = gate.experts, hidden = gate.cols, inter = gate.rows;
   TM_CUDA_REQUIRE(E > 0 && up.experts == E && down.experts == E,
@@ -170,8 +177,15 @@ void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, cons
       gu.out[0] = act, gu.out[1] = upo;
       gu.count = 2;
       gu.shared_offset = fuse_shared ? 2 : 0;
-      const cuda::Q4Act ax = cuda::launch_q4_prepare(stream_, x + t0 * hidden, hidden, m, hidden,
-                                                     mg.group, cuda::Q4Operands::kDigits, gemv_ws_);
+      // x's digits as moe_block's fused front prepared them, when they are these rows' and in
+      // this layout; else prepared here.
+      const bool ready = prepared != nullptr && t0 == 0 && m == n && prepared->rows == n &&
+                         prepared->group == mg.group && prepared->ld == 2 * hidden &&
+                         prepared->operands == cuda::Q4Operands::kDigits;
+      const cuda::Q4Act ax =
+          ready ? *prepared
+                : cuda::launch_q4_prepare(stream_, x + t0 * hidden, hidden, m, hidden, mg.group,
+                                          cuda::Q4Operands::kDigits, gemv_ws_);
       cuda::launch_q4_gemv(stream_, gu, ax, 1, gu_slots, slots, gemv_ws_);
       cuda::GemvJobs dj;
       dj.m[0] = md, dj.m[1] = sd;

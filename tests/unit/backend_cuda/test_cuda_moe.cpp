@@ -1,5 +1,6 @@
 // moe: CUDA against the CPU backend with the router's ids and weights from the CPU (the same
-// routing on both sides), float and affine experts, decode and prefill row counts.
+// routing on both sides), float and affine experts, decode and prefill row counts. moe_block:
+// the whole block (norm, router, top-k, experts) on both, decode rows through the fused front.
 // Tolerance 1e-4 relative (F32 accumulation in different orders through two products).
 #include <algorithm>
 #include <cmath>
@@ -16,7 +17,7 @@ struct Experts {
   std::vector<uint8_t> data, scales, biases;
 };
 
-Experts make_experts(Rng& rng, int bits, int64_t E, int64_t rows, int64_t cols) {
+Experts make_experts(Rng& rng, int bits, int64_t E, int64_t rows, int64_t cols, int group = 32) {
   Experts x;
   if (bits == 0) {
     x.data.resize(static_cast<size_t>(E * rows * cols) * 2);
@@ -26,7 +27,6 @@ Experts make_experts(Rng& rng, int bits, int64_t E, int64_t rows, int64_t cols) 
     }
     x.w.dtype = DType::BF16;
   } else {
-    const int group = 32;
     const int64_t words = cols * bits / 32, groups = cols / group;
     std::vector<float> src(static_cast<size_t>(rows * cols)), s(static_cast<size_t>(rows * groups)),
         b(s.size());
@@ -144,6 +144,85 @@ TEST_F(CudaMoe, LongBatchRunsSlotKernelsInPieces) {
   float* dout = poisoned(want.size());
   gpu->moe(up(x), n, k, up(ids), up(w), dg, du, dd, &gpu_shared, dout, poisoned(scratch.size()));
   expect_close(down(dout, want.size()), want, 1e-4, "moe q4 n=600 in pieces");
+}
+
+// The whole block, CUDA (decode rows: the fused front; 5 rows: the ops one by one) against the
+// CPU's ops one by one: the residual, the normed rows, the logits, the same experts picked,
+// their weights and the output. Routers in bf16 and 8 bits (2,560 wide: past the chunks loaded
+// before the wait), 4-bit experts (their digits from the front) and bf16 ones.
+TEST_F(CudaMoe, BlockMatchesCpu) {
+  Rng rng(33);
+  const int64_t E = 64, hidden = 2560, inter = 64;
+  const int k = 4;
+  std::vector<float> norm = rng.normals(static_cast<size_t>(hidden));
+  for (float& v : norm) v = 1.0f + 0.2f * v;
+  for (int router_bits : {0, 8}) {
+    for (int expert_bits : {4, 0}) {
+      Experts router = make_experts(rng, router_bits, 1, E, hidden, 64),
+              sgate = make_experts(rng, router_bits, 1, 1, hidden, 64);
+      router.w.experts = sgate.w.experts = 0;
+      Experts g = make_experts(rng, expert_bits, E, inter, hidden),
+              u = make_experts(rng, expert_bits, E, inter, hidden),
+              d = make_experts(rng, expert_bits, E, hidden, inter);
+      Experts sg = make_experts(rng, expert_bits, 1, inter, hidden),
+              su = make_experts(rng, expert_bits, 1, inter, hidden),
+              sd = make_experts(rng, expert_bits, 1, hidden, inter);
+      sg.w.experts = su.w.experts = sd.w.experts = 0;
+      const Weight dr = gpu->upload_weight(router.w), dsgate = gpu->upload_weight(sgate.w),
+                   dg = gpu->upload_weight(g.w), du = gpu->upload_weight(u.w),
+                   dd = gpu->upload_weight(d.w), dsg = gpu->upload_weight(sg.w),
+                   dsu = gpu->upload_weight(su.w), dsd = gpu->upload_weight(sd.w);
+      for (bool shared : {true, false}) {
+        MoeBlockWeights cb;
+        cb.norm = norm.data();
+        cb.eps = 1e-6f;
+        cb.router = &router.w;
+        cb.k = k;
+        cb.gate = &g.w, cb.up = &u.w, cb.down = &d.w;
+        MoeBlockWeights gb = cb;
+        gb.norm = up(norm);
+        gb.router = &dr;
+        gb.gate = &dg, gb.up = &du, gb.down = &dd;
+        if (shared) {
+          cb.shared_expert_gate = &sgate.w;
+          cb.shared_gate = &sg.w, cb.shared_up = &su.w, cb.shared_down = &sd.w;
+          gb.shared_expert_gate = &dsgate;
+          gb.shared_gate = &dsg, gb.shared_up = &dsu, gb.shared_down = &dsd;
+        }
+        for (int64_t n : {1, 3, 4, 5}) {
+          const std::string what = "moe_block router bits " + std::to_string(router_bits) +
+                                   " expert bits " + std::to_string(expert_bits) + " shared " +
+                                   std::to_string(shared) + " n=" + std::to_string(n);
+          std::vector<float> x = rng.normals(static_cast<size_t>(n * hidden));
+          const std::vector<float> y = rng.normals(static_cast<size_t>(n * hidden));
+          const size_t scratch_floats =
+              static_cast<size_t>(moe_scratch_floats(n, k, inter, shared ? inter : 0, hidden));
+          std::vector<float> h(x.size()), logits(static_cast<size_t>(n * E)),
+              sl(static_cast<size_t>(n)), w(static_cast<size_t>(n * k)), scratch(scratch_floats),
+              out(x.size());
+          std::vector<int32_t> ids(w.size());
+          float* dx = up(x);
+          const MoeBlockScratch gs{poisoned(h.size()),  poisoned(logits.size()),
+                                   poisoned(sl.size()), up(std::vector<int32_t>(ids.size())),
+                                   poisoned(w.size()),  poisoned(scratch.size())};
+          float* dout = poisoned(out.size());
+          gpu->moe_block(dx, up(y), n, static_cast<int>(hidden), gb, gs, dout);
+          cpu->moe_block(x.data(), y.data(), n, static_cast<int>(hidden), cb,
+                         MoeBlockScratch{h.data(), logits.data(), sl.data(), ids.data(), w.data(),
+                                         scratch.data()},
+                         out.data());
+          expect_close(down(dx, x.size()), x, 1e-6, what + " residual");
+          expect_close(down(gs.h, h.size()), h, 1e-5, what + " h");
+          expect_close(down(gs.logits, logits.size()), logits, 1e-4, what + " logits");
+          EXPECT_EQ(down(gs.ids, ids.size()), ids) << what;
+          expect_close(down(gs.weights, w.size()), w, 1e-4, what + " weights");
+          if (shared)
+            expect_close(down(gs.shared_logit, sl.size()), sl, 1e-4, what + " gate logit");
+          expect_close(down(dout, out.size()), out, 1e-4, what + " out");
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

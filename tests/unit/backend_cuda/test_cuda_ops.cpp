@@ -175,20 +175,31 @@ TEST_F(CudaOps, RopePartialAndFull) {
 
 TEST_F(CudaOps, TopkSoftmax) {
   Rng rng(16);
+  // Up to 256 experts the logits sit in registers, beyond in shared memory; up to 32 picks the
+  // lanes hold them (40 take the other path). Tied logits (rounded to halves, and a row of one
+  // value) must pick the lower index, as the CPU does.
   for (int experts : {8, 64, 100, 256, 300}) {
-    for (bool renorm : {true, false}) {
-      const int64_t n = 33;
-      // Up to 32 picks the lanes hold them; 40 of 300 take the other path.
-      const int k = experts == 300 ? 40 : std::min(8, experts / 2);
-      std::vector<float> logits = rng.normals(static_cast<size_t>(n * experts), 2.0f);
-      std::vector<int32_t> ids(static_cast<size_t>(n * k));
-      std::vector<float> w(ids.size());
-      cpu->topk_softmax(logits.data(), n, experts, k, renorm, ids.data(), w.data());
-      int32_t* di = up(std::vector<int32_t>(ids.size(), -7));
-      float* dw = poisoned(w.size());
-      gpu->topk_softmax(up(logits), n, experts, k, renorm, di, dw);
-      EXPECT_EQ(down(di, ids.size()), ids) << "experts " << experts;
-      expect_close(down(dw, w.size()), w, kTol, "topk weights");
+    for (int k : {std::min(8, experts / 2), experts >= 256 ? 40 : 1}) {
+      for (bool ties : {false, true}) {
+        for (bool renorm : {true, false}) {
+          const int64_t n = 33;
+          std::vector<float> logits = rng.normals(static_cast<size_t>(n * experts), 2.0f);
+          if (ties) {
+            for (float& v : logits) v = std::round(2.0f * v) / 2.0f;
+            for (int e = 0; e < experts; ++e) logits[static_cast<size_t>(e)] = 0.25f;
+          }
+          std::vector<int32_t> ids(static_cast<size_t>(n * k));
+          std::vector<float> w(ids.size());
+          cpu->topk_softmax(logits.data(), n, experts, k, renorm, ids.data(), w.data());
+          int32_t* di = up(std::vector<int32_t>(ids.size(), -7));
+          float* dw = poisoned(w.size());
+          gpu->topk_softmax(up(logits), n, experts, k, renorm, di, dw);
+          const std::string what = "experts " + std::to_string(experts) + " k " +
+                                   std::to_string(k) + (ties ? " tied" : "");
+          EXPECT_EQ(down(di, ids.size()), ids) << what;
+          expect_close(down(dw, w.size()), w, kTol, "topk weights " + what);
+        }
+      }
     }
   }
 }
