@@ -52,13 +52,16 @@ struct AttnFrontArgs {
 
 template <typename T>
 __global__ void attention_front_kernel(AttnFrontArgs A, RopeFreqs f) {
-  pdl_begin();
   extern __shared__ float row[];  // [head_dim]
   __shared__ float red[32];
   const int t = blockIdx.x, h = blockIdx.y;
   const int D = A.kv.head_dim, kvh = A.kv.kv_heads;
   const bool is_q = h < A.heads;
   const int hk = h - A.heads;
+  // The norm's weight of this thread's first dim, constant: loaded before the wait.
+  const int d0 = static_cast<int>(threadIdx.x);
+  const float w0 = d0 < D ? (is_q ? A.q_norm : A.k_norm)[d0] : 0.0f;
+  pdl_begin();
   const float* src;
   float* dst;
   const float* w;
@@ -79,7 +82,7 @@ __global__ void attention_front_kernel(AttnFrontArgs A, RopeFreqs f) {
     if (is_q && A.gated) A.gate[(static_cast<int64_t>(t) * A.heads + h) * D + i] = src[D + i];
   }
   const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(D) + A.eps);
-  for (int i = threadIdx.x; i < D; i += blockDim.x) row[i] = row[i] * inv * w[i];
+  for (int i = threadIdx.x; i < D; i += blockDim.x) row[i] = row[i] * inv * (i == d0 ? w0 : w[i]);
   __syncthreads();
   int64_t cp = -1;
   if (!is_q) {

@@ -68,15 +68,16 @@ int vec_row_threads(int dim) {
   return std::clamp((t + 31) / 32 * 32, 32, 1024);
 }
 
-// o4[j] = v * f * w4[j] for this thread's float4s j = threadIdx.x + i * blockDim.x < n4.
+// o4[j] = v * f * w for this thread's float4s j = threadIdx.x + i * blockDim.x < n4 (w: the
+// norm's weights, loaded before the dependent-launch wait).
 __device__ __forceinline__ void write_scaled(float4* o4, const float4 (&v)[kVecSlots], int n4,
-                                             float f, const float4* w4) {
+                                             float f, const float4 (&w)[kVecSlots]) {
 #pragma unroll
   for (int i = 0; i < kVecSlots; ++i) {
     const int j = threadIdx.x + i * blockDim.x;
     if (j < n4) {
-      const float4 w = w4[j];
-      o4[j] = make_float4(v[i].x * f * w.x, v[i].y * f * w.y, v[i].z * f * w.z, v[i].w * f * w.w);
+      o4[j] = make_float4(v[i].x * f * w[i].x, v[i].y * f * w[i].y, v[i].z * f * w[i].z,
+                          v[i].w * f * w[i].w);
     }
   }
 }
@@ -87,10 +88,17 @@ __device__ __forceinline__ void write_scaled(float4* o4, const float4 (&v)[kVecS
 template <bool kAdd>
 __global__ void rmsnorm_vec_kernel(float* x, const float* y, const float* __restrict__ w,
                                    float* out, int dim, float eps) {
-  pdl_begin();
   __shared__ float red[32];
   const int n4 = dim / 4;
   const int64_t r = blockIdx.x;
+  // The norm's weights are constant: they load while the kernel before still runs.
+  float4 wv[kVecSlots];
+#pragma unroll
+  for (int i = 0; i < kVecSlots; ++i) {
+    const int j = threadIdx.x + i * blockDim.x;
+    if (j < n4) wv[i] = reinterpret_cast<const float4*>(w)[j];
+  }
+  pdl_begin();
   float4* x4 = reinterpret_cast<float4*>(x + r * dim);
   const float4* y4 = reinterpret_cast<const float4*>(kAdd ? y + r * dim : nullptr);
   float4 v[kVecSlots];
@@ -115,8 +123,7 @@ __global__ void rmsnorm_vec_kernel(float* x, const float* y, const float* __rest
     }
   }
   const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(dim) + eps);
-  write_scaled(reinterpret_cast<float4*>(out + r * dim), v, n4, inv,
-               reinterpret_cast<const float4*>(w));
+  write_scaled(reinterpret_cast<float4*>(out + r * dim), v, n4, inv, wv);
 }
 
 __global__ void rmsnorm_gated_kernel(const float* __restrict__ o, const float* __restrict__ z,

@@ -159,7 +159,6 @@ struct FrontArgs {
 };
 
 __global__ void gdn_front_kernel(FrontArgs A) {
-  pdl_begin();
   extern __shared__ float sq[];  // [2 * Dk] squares of the q and k channels
   __shared__ float sums[2];
   const GDNStateView& st = A.st;
@@ -175,11 +174,17 @@ __global__ void gdn_front_kernel(FrontArgs A) {
                                   : 2 * qk + static_cast<int64_t>(kh) * r * Dv + (j - 2 * Dk);
   const int64_t t0 = A.seqs.cu_seqlens[s], L = A.seqs.cu_seqlens[s + 1] - t0;
   float* sc = st.conv + (static_cast<int64_t>(A.slots[s]) * C + (live ? ch : 0)) * 3;
+  // Before the wait: the weights (constant) and the conv state, which this layer's front last
+  // wrote in an earlier step (every kernel before the one this launch depends on has completed,
+  // as for delta_rule_decode_kernel's state).
   float h0 = 0.0f, h1 = 0.0f, h2 = 0.0f, w[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (live) {
     h0 = sc[0], h1 = sc[1], h2 = sc[2];
     for (int i = 0; i < 4; ++i) w[i] = A.conv_weight[ch * 4 + i];
   }
+  const int gh = kh * r + (j < r ? j : 0);  // the value head whose gates thread j < r computes
+  const float a_log = j < r ? A.a_log[gh] : 0.0f, dt_bias = j < r ? A.dt_bias[gh] : 0.0f;
+  pdl_begin();
   const float q_scale = 1.0f / sqrtf(static_cast<float>(Dk));
   for (int64_t t = 0; t < L; ++t) {
     const int64_t row = t0 + t;
@@ -209,11 +214,10 @@ __global__ void gdn_front_kernel(FrontArgs A) {
       A.v[row * vd + static_cast<int64_t>(kh) * r * Dv + (j - 2 * Dk)] = y;
     }
     if (j < r) {
-      const int h = kh * r + j;
-      const int64_t i = row * Hv + h;
-      const float u = A.a[i] + A.dt_bias[h];
+      const int64_t i = row * Hv + gh;
+      const float u = A.a[i] + dt_bias;
       const float sp = u > 20.0f ? u : log1pf(expf(u));  // torch's softplus threshold
-      A.g[i] = -expf(A.a_log[h]) * sp;
+      A.g[i] = -expf(a_log) * sp;
       A.beta[i] = sigmoid_f(A.b[i]);
     }
   }

@@ -24,6 +24,7 @@ namespace {
 constexpr int kRouteWarps = 4;
 constexpr int kRouteMaxRows = 4;  // activation rows (decode batch) the fused front takes
 constexpr int kTopkPerLane = 8;   // experts a lane holds in registers for top-k (256 a warp)
+constexpr int kNormPre = 4;       // norm weights (float4) a thread loads before the wait
 constexpr size_t kRouteSmemBytes = 40 * 1024;  // dynamic; under the 48 KB that needs no opt-in
 
 struct RouteArgs {
@@ -82,11 +83,19 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(RouteArgs a
       }
     }
   }
+  // The norm's first weights too (a 35B-A3B row: all of them).
+  const int64_t n4 = a.hidden / 4;
+  const float4* w4 = reinterpret_cast<const float4*>(a.norm);
+  float4 wpre[kNormPre];
+#pragma unroll
+  for (int i = 0; i < kNormPre; ++i) {
+    const int64_t j = threadIdx.x + int64_t{i} * blockDim.x;
+    if (j < n4) wpre[i] = w4[j];
+  }
   wait_for_previous_grid();
   allow_dependent_launch();
 
   // hs = rmsnorm(x + y) * norm per row (rmsnorm_q4d_kernel's arithmetic: (v * inv) * w).
-  const int64_t n4 = a.hidden / 4;
   for (int c = 0; c < a.n; ++c) {
     const float4* x4 = reinterpret_cast<const float4*>(a.x + int64_t{c} * a.hidden);
     const float4* y4 = reinterpret_cast<const float4*>(a.y + int64_t{c} * a.hidden);
@@ -102,8 +111,15 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(RouteArgs a
       h4[j] = v;
     }
     const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(a.hidden) + a.eps);
-    const float4* w4 = reinterpret_cast<const float4*>(a.norm);
-    for (int64_t j = threadIdx.x; j < n4; j += blockDim.x) {
+#pragma unroll
+    for (int i = 0; i < kNormPre; ++i) {
+      const int64_t j = threadIdx.x + int64_t{i} * blockDim.x;
+      if (j < n4) {
+        const float4 v = h4[j], w = wpre[i];
+        h4[j] = make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
+      }
+    }
+    for (int64_t j = threadIdx.x + int64_t{kNormPre} * blockDim.x; j < n4; j += blockDim.x) {
       const float4 v = h4[j], w = w4[j];
       h4[j] = make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
     }

@@ -36,11 +36,6 @@ struct StreamK {
   __device__ int64_t lo(int64_t w) const { return w * total() / warps; }
   // The warp whose range holds flattened step p (the largest w with lo(w) <= p).
   __device__ int64_t warp_of(int64_t p) const { return ((p + 1) * warps - 1) / total(); }
-  // The slot warp w used for tile t (it must cover part of t).
-  __device__ int slot_of(int64_t w, int64_t t) const {
-    const int64_t l = lo(w);
-    return l / steps == t && l > t * steps ? 0 : 1;
-  }
 };
 
 // Calls f(tile, k0, k1) for each part of a tile (steps [k0, k1)) in warp w's range, in order.
@@ -123,7 +118,7 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
   if (!last) return false;
   __threadfence();
   // Up to 8 floats of loads in flight per lane (more made the 4-bit GEMV spill).
-  constexpr int kBatch = kCount <= 4 ? 4 : kCount <= 8 ? 2 : 1;
+  constexpr int kBatch = kCount <= 2 ? 8 : kCount <= 4 ? 4 : kCount <= 8 ? 2 : 1;
 #pragma unroll
   for (int i = 0; i < kCount; ++i) vals[i] = 0.0f;
   for (int64_t base = w0; base <= w1; base += kBatch) {
@@ -131,8 +126,11 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int64_t ww = min(base + b, w1);  // past w1: a repeated load, not added
-      Vec::load(sk.partials + ((ww * subs + sub) * 2 + sk.slot_of(ww, t)) * sk.slot_floats, lane,
-                got[b]);
+      // slot_of(ww, t) without its two 64-bit divisions (dozens of instructions each, on the
+      // launch's critical path): w0's range holds t's first step, so it started at or before
+      // the tile (slot 1), and every later warp of the tile started inside it (slot 0).
+      const int64_t slot = ww == w0 ? 1 : 0;
+      Vec::load(sk.partials + ((ww * subs + sub) * 2 + slot) * sk.slot_floats, lane, got[b]);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
