@@ -169,6 +169,34 @@ TEST_F(CudaLinear, ManyTilesStreamK) {
   check(bf, {1}, 0, "bf16 150000x64");
 }
 
+// A split tile's output is written by whichever of its warps finishes last (which one depends on
+// timing), adding the partials in warp order: every launch must give the same bits, and a
+// counter left nonzero would corrupt the next launch.
+TEST_F(CudaLinear, SplitTilesSameBitsEveryLaunch) {
+  Rng rng(12);
+  HostWeight hw = affine_weight(rng, 4, 64, DType::BF16, 5120, 6144, 0);
+  const Weight dw = gpu->upload_weight(hw.w);
+  for (int64_t n : {1, 3}) {
+    std::vector<float> x = rng.normals(static_cast<size_t>(n * hw.w.cols));
+    std::vector<float> want(static_cast<size_t>(n * hw.w.rows));
+    cpu->linear(x.data(), n, hw.w, want.data(), 0);
+    const float* dx = up(x);
+    float* dout = poisoned(want.size());
+    std::vector<float> first;
+    for (int launch = 0; launch < 60; ++launch) {
+      gpu->linear(dx, n, dw, dout, 0);
+      std::vector<float> got = down(dout, want.size());
+      if (launch == 0) {
+        expect_close(got, want, kTol, "q4g64 5120x6144 n=" + std::to_string(n));
+        first = got;
+      } else {
+        ASSERT_EQ(std::memcmp(got.data(), first.data(), got.size() * sizeof(float)), 0)
+            << "launch " << launch << " at n=" << n << " differs from the first";
+      }
+    }
+  }
+}
+
 // linear_multi runs the matrices of each fast format in one launch (up to four per launch) and
 // the rest as separate linears; all must equal the CPU's separate linears. Row counts that are
 // not a multiple of the per-warp rows (37, 5, 1) exercise the tails.
