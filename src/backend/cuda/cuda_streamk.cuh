@@ -126,9 +126,9 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int64_t ww = min(base + b, w1);  // past w1: a repeated load, not added
-      // slot_of(ww, t) without its two 64-bit divisions (dozens of instructions each, on the
-      // launch's critical path): w0's range holds t's first step, so it started at or before
-      // the tile (slot 1), and every later warp of the tile started inside it (slot 0).
+      // The slot warp ww stored to, without 64-bit divisions (dozens of instructions each, on
+      // the launch's critical path): w0's range holds t's first step, so it started at or
+      // before the tile (slot 1), and every later warp of the tile started inside it (slot 0).
       const int64_t slot = ww == w0 ? 1 : 0;
       Vec::load(sk.partials + ((ww * subs + sub) * 2 + slot) * sk.slot_floats, lane, got[b]);
     }
