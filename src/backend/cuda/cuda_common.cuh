@@ -222,6 +222,22 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// The end of both top-k forms: with k <= 32, lane j holds pick j (my_id, my_w) and writes it,
+// renormalized by the picked total when asked; with more, lane 0 wrote each pick as it came and
+// only renormalizes here.
+__device__ __forceinline__ void topk_write_picks(int k, bool renormalize, int lane, int my_id,
+                                                 float my_w, float picked, int32_t* ids,
+                                                 float* weights) {
+  if (k <= 32) {
+    if (lane < k) {
+      ids[lane] = my_id;
+      weights[lane] = renormalize ? my_w / picked : my_w;
+    }
+  } else if (renormalize && lane == 0) {
+    for (int j = 0; j < k; ++j) weights[j] /= picked;
+  }
+}
+
 // The MoE router's rule for one row, by one warp: p (shared memory, `experts` floats) holds the
 // logits and is overwritten. Softmax over all experts, then k passes taking the highest
 // probability, the lower index on ties (the CPU's rule); weights renormalised to sum to 1 when
@@ -266,14 +282,7 @@ __device__ __forceinline__ void topk_softmax_warp(float* p, int experts, int k, 
     if (bx >= 0 && bx % 32 == lane) p[bx] = -1.0f;  // taken
     __syncwarp();
   }
-  if (k <= 32) {
-    if (lane < k) {
-      ids[lane] = my_id;
-      weights[lane] = renormalize ? my_w / picked : my_w;
-    }
-  } else if (renormalize && lane == 0) {
-    for (int j = 0; j < k; ++j) weights[j] /= picked;
-  }
+  topk_write_picks(k, renormalize, lane, my_id, my_w, picked, ids, weights);
 }
 
 // topk_softmax_warp's rule with the logits in registers, for experts <= 32 * kPer: lane i holds
@@ -328,14 +337,7 @@ __device__ __forceinline__ void topk_softmax_warp_regs(const float (&v)[kPer], i
     }
     picked += found ? w : 0.0f;
   }
-  if (k <= 32) {
-    if (lane < k) {
-      ids[lane] = my_id;
-      weights[lane] = renormalize ? my_w / picked : my_w;
-    }
-  } else if (renormalize && lane == 0) {
-    for (int j = 0; j < k; ++j) weights[j] /= picked;
-  }
+  topk_write_picks(k, renormalize, lane, my_id, my_w, picked, ids, weights);
 }
 
 // Programmatic dependent launch (Hopper): a kernel started with launch_pdl() may begin
