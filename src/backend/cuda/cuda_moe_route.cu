@@ -100,8 +100,32 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(RouteArgs a
     const float4* x4 = reinterpret_cast<const float4*>(a.x + int64_t{c} * a.hidden);
     const float4* y4 = reinterpret_cast<const float4*>(a.y + int64_t{c} * a.hidden);
     float4* h4 = reinterpret_cast<float4*>(hs + int64_t{c} * a.hidden);
+    // The first kNormPre float4s of x and y load together (one L2 round trip: in the loop
+    // below, each iteration's loads waited for the store to shared memory before them), then
+    // the rest; the sum adds them in the same order either way.
+    float4 xv[kNormPre], yv[kNormPre];
+#pragma unroll
+    for (int i = 0; i < kNormPre; ++i) {
+      const int64_t j = threadIdx.x + int64_t{i} * blockDim.x;
+      xv[i] = yv[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (j < n4) {
+        xv[i] = x4[j];
+        if (a.y != nullptr) yv[i] = y4[j];
+      }
+    }
     float ss = 0.0f;
-    for (int64_t j = threadIdx.x; j < n4; j += blockDim.x) {
+#pragma unroll
+    for (int i = 0; i < kNormPre; ++i) {
+      const int64_t j = threadIdx.x + int64_t{i} * blockDim.x;
+      if (j < n4) {
+        float4 v = xv[i];
+        if (a.y != nullptr)
+          v = make_float4(v.x + yv[i].x, v.y + yv[i].y, v.z + yv[i].z, v.w + yv[i].w);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        h4[j] = v;
+      }
+    }
+    for (int64_t j = threadIdx.x + int64_t{kNormPre} * blockDim.x; j < n4; j += blockDim.x) {
       float4 v = x4[j];
       if (a.y != nullptr) {
         const float4 u = y4[j];
