@@ -26,10 +26,13 @@ __device__ __forceinline__ float load_scale(const DevMat& m, const uint8_t* p, i
 
 // Steps [k0, k1) of one tile (RPW rows of one job); a step is two 16-byte chunks per
 // lane, 64 chunks per row. Returns the warp-reduced sums (every lane holds all of them).
+// waited: false until this warp has passed the dependent-launch wait, which comes right after
+// its first step's weight loads are issued (weights are constant; x comes from the kernel
+// before).
 template <int N, class C, int RPW>
 __device__ __forceinline__ void fast_tile_dot(const DevMat& m, int64_t r0, const float* x,
                                               int64_t ldx, int n, int64_t k0, int64_t k1,
-                                              float (&acc)[N][RPW]) {
+                                              float (&acc)[N][RPW], bool& waited) {
   const int lane = threadIdx.x & 31;
   const int64_t chunks = m.row_bytes / 16;
   constexpr int V = C::kValues;
@@ -56,6 +59,11 @@ __device__ __forceinline__ void fast_tile_dot(const DevMat& m, int64_t r0, const
           bi[h][r] = load_scale(m, m.biases, g);
         }
       }
+    }
+    if (!waited) {
+      wait_for_previous_grid();
+      allow_dependent_launch();
+      waited = true;
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -113,17 +121,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kAffine<C> ? (N == 1   ? 
                                                                      : N <= 4 ? 4
                                                                               : 3))
     gemv_fast_kernel(GemvJobs jobs, const float* __restrict__ x, int64_t ldx, int n, StreamK sk) {
-  pdl_begin();
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
   const int lane = threadIdx.x & 31;
+  bool waited = false;  // the wait follows the first weight loads (fast_tile_dot)
   streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1) {
     int j = 0;
     while (j + 1 < jobs.count && tile >= jobs.first_tile[j + 1]) ++j;
     const DevMat& m = jobs.m[j];
     const int64_t r0 = (tile - jobs.first_tile[j]) * RPW;
     float acc[N][RPW];
-    fast_tile_dot<N, C, RPW>(m, r0, x, ldx, n, k0, k1, acc);
+    fast_tile_dot<N, C, RPW>(m, r0, x, ldx, n, k0, k1, acc, waited);
     float mine[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < N; ++i)
