@@ -9,14 +9,20 @@
 // mmas for one issue, its B operand (the activations) comes straight from shared memory, and
 // the hi and lo parts accumulate into one accumulator (half the epilogue).
 //
-// Work division: a block is four warpgroups (16 warps) over a block tile of 256 weight rows;
+// Work division: a block is three warpgroups (12 warps) over a block tile of 192 weight rows;
 // warpgroup i owns rows [64i, 64i+64) and warp w of it the 16-row tile 4i+w, whose words it holds
 // as the A operand in registers (the tile layout's lane order is the wgmma A fragment's). Stream-K
 // divides block tiles x groups (cuda_streamk.cuh); split tiles are combined per warp. Each group
-// is one pipeline stage in shared memory, filled kStages - 1 groups ahead: the block tile's
+// is one pipeline stage in shared memory, filled kStages - 2 groups ahead: the block tile's
 // weights and scales and the rows' group sums by cp.async from all threads, the activations of
 // all N rows (hi and lo parts, 128-byte swizzled K-major rows, the layout the wgmma descriptor
 // names).
+//
+// Each warpgroup overlaps a group's wgmmas with the previous group's epilogue (its scale and bias
+// FMAs): two accumulator sets, 168 registers a thread, hence three warpgroups and not four. The
+// loop is instruction-bound (ncu: 0.43 instructions issued per cycle per scheduler at 3 warps
+// each), so its address arithmetic is kept out: power-of-two stage counts, descriptors as the
+// stage's plus a constant, no branches while wgmmas run.
 //
 // The activations come prepared in "gmma order" (Q4Operands::kF16Gmma, cuda_gemv_q4.cu's
 // prepare kernel): per group, k-step s (16 values) holds for each lane column t the values that
@@ -32,7 +38,9 @@
 namespace tokenmill::cuda {
 namespace {
 
-constexpr int kWarpGroups = 4;
+// Three warpgroups: each holds two groups' accumulators and A fragments (the loop overlaps one
+// group's wgmmas with the previous group's epilogue), 168 registers a thread.
+constexpr int kWarpGroups = 3;
 constexpr int kWarps = 4 * kWarpGroups;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kBlockTiles = kWarps;  // 16-row tiles per block tile, one per warp
@@ -53,7 +61,9 @@ struct Q4GmmaStage {
   static constexpr int kSOff = kWOff + kBlockTiles * kTileBytes;
   static constexpr int kSumOff = kSOff + kBlockTiles * kScaleBytes;
   static constexpr int kBytes = (kSumOff + N * 4 + 1023) / 1024 * 1024;
-  static constexpr int kStages = G == 128 ? 3 : 4;
+  // A power of two (slot and phase arithmetic are masks and shifts); 184 KB of shared memory.
+  static constexpr int kStages = G == 128 ? 4 : 8;
+  static_assert((kStages & (kStages - 1)) == 0, "a power of two");
   // + alignment, + one mbarrier per stage
   static constexpr size_t kSmem = static_cast<size_t>(kStages) * kBytes + 1024 + 8 * kStages;
 };
@@ -80,12 +90,17 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+// Waits until at most K of this warpgroup's committed wgmma groups are still running.
+template <int K>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(K) : "memory");
 }
 // Keeps the compiler from moving accesses of an accumulator across the asynchronous wgmma.
 __device__ __forceinline__ void fence_operand(float& r) {
   asm volatile("" : "+f"(r)::"memory");
+}
+__device__ __forceinline__ void fence_word(uint32_t& r) {
+  asm volatile("" : "+r"(r)::"memory");
 }
 
 __device__ __forceinline__ void mbar_init(uint32_t bar) {
@@ -165,6 +180,9 @@ template <int G, int N, int ST>
 struct Q4GmmaBlock {
   using S = Q4GmmaStage<G, N, ST>;
   static constexpr int kStages = S::kStages;
+  // Groups staged ahead of the one being issued: a stage is free again only once its group's
+  // epilogue is done, one group after its wgmmas were issued.
+  static constexpr int kAhead = kStages - 2;
   static constexpr int kKSteps = G / 16;
   uint32_t smem;  // shared address of stage 0
   int k1, ncols, groups;
@@ -249,13 +267,12 @@ struct Q4GmmaBlock {
     }
   }
 
-  // Group grp's products for this warp's tile, from stage `slot`, added into tot.
-  __device__ __forceinline__ void compute(int slot, float (&acc)[N / 2],
-                                          float (&tot)[N / 2]) const {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t base = smem + slot * S::kBytes;
+  // The A fragments of this warp's tile for the group in stage `slot`.
+  __device__ __forceinline__ void unpack(int slot, uint32_t (&a)[kKSteps][4]) const {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     uint32_t words[2 * S::W];  // row g's W words, then row g+8's
-    const uint32_t wa = base + S::kWOff + warp * S::kTileBytes + lane * (8 * S::W);
+    const uint32_t wa =
+        smem + slot * S::kBytes + S::kWOff + warp * S::kTileBytes + lane * (8 * S::W);
 #pragma unroll
     for (int q = 0; q < S::W / 2; ++q) {
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -263,18 +280,8 @@ struct Q4GmmaBlock {
                      "=r"(words[4 * q + 3])
                    : "r"(wa + 16 * q));
     }
-    Q4ScaleVec<ST> sv;
-    const uint32_t sa = base + S::kSOff + warp * S::kScaleBytes + g * 4 * S::kSB;
-    if constexpr (ST == kF32) {
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(sv.x), "=r"(sv.y), "=r"(sv.z), "=r"(sv.w)
-                   : "r"(sa));
-    } else {
-      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(sv.x), "=r"(sv.y) : "r"(sa));
-    }
     // A of k-step 2w + p: {row g e[2p], row g+8 e[2p], row g e[2p+1], row g+8 e[2p+1]} of
     // word w (the m16n8k16 A fragment, as in the mma.sync kernels).
-    uint32_t a[kKSteps][4];
 #pragma unroll
     for (int w = 0; w < S::W; ++w) {
       uint32_t ea[4], eb[4];
@@ -288,25 +295,51 @@ struct Q4GmmaBlock {
         a[2 * w + p][3] = eb[2 * p + 1];
       }
     }
+  }
+
+  // The group's wgmmas (A from a, B from stage `slot`) into acc as one wgmma group, committed and
+  // not waited for. a and acc stay untouched until it is waited for.
+  __device__ __forceinline__ void mma(int slot, const uint32_t (&a)[kKSteps][4],
+                                      float (&acc)[N / 2]) const {
+    // The descriptors' address field is the shared address / 16 (below 2^14, no carries), so a
+    // k-step's descriptor is the stage's plus a constant.
+    const uint64_t d0 = gmma_desc(smem + slot * S::kBytes);
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) fence_operand(acc[i]);
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s) {
-      const uint32_t at = base + (s / 4) * S::kPartBytes + (s % 4) * 32;
-      wgmma<N>(acc, a[s], gmma_desc(at), s > 0 ? 1 : 0);
-      wgmma<N>(acc, a[s], gmma_desc(at + S::kAtoms * S::kPartBytes), 1);
+      const uint32_t at = (s / 4) * S::kPartBytes + (s % 4) * 32;
+      wgmma<N>(acc, a[s], d0 + (at >> 4), s > 0 ? 1 : 0);
+      wgmma<N>(acc, a[s], d0 + ((at + S::kAtoms * S::kPartBytes) >> 4), 1);
     }
     wgmma_commit();
-    wgmma_wait_all();
+  }
+
+  // After its wgmmas were waited for: the group's finished products in acc (stage `slot`'s scales
+  // and row sums) added into tot.
+  __device__ __forceinline__ void epilogue(int slot, float (&acc)[N / 2],
+                                           float (&tot)[N / 2]) const {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) fence_operand(acc[i]);
+    const uint32_t base = smem + slot * S::kBytes;
+    Q4ScaleVec<ST> sv;
+    const uint32_t sa = base + S::kSOff + warp * S::kScaleBytes + g * 4 * S::kSB;
+    if constexpr (ST == kF32) {
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(sv.x), "=r"(sv.y), "=r"(sv.z), "=r"(sv.w)
+                   : "r"(sa));
+    } else {
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(sv.x), "=r"(sv.y) : "r"(sa));
+    }
     float sc[2], bi[2];
     q4_scales<ST>(sv, sc, bi);
     const uint32_t xs = base + S::kSumOff + t * 8;
+    // Every column block, rows past ncols included (their activations and sums read as zeros):
+    // a branch here, while the next group's wgmmas run, made ptxas serialize the wgmmas.
 #pragma unroll
     for (int j = 0; j < N / 8; ++j) {
-      if (8 * j >= ncols) break;  // the same for the whole warp
       float2 X;
       asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(X.x), "=f"(X.y) : "r"(xs + 32 * j));
 #pragma unroll
@@ -319,31 +352,71 @@ struct Q4GmmaBlock {
     }
   }
 
-  __device__ __forceinline__ void run(int k0, float (&tot)[N / 2]) const {
-    float acc[N / 2];
+  // Waits for group grp's stage and restages the one two groups back (its wgmmas and epilogue
+  // are done on every warp past the barrier) with group grp + kAhead. Returns grp's stage.
+  __device__ __forceinline__ int advance(int k0, int grp) const {
+    const uint32_t use = uses0 + static_cast<uint32_t>(grp - k0);
+    cp_async_wait<kAhead - 1>();
+    __syncthreads();
+    mbar_wait(bars + 8 * (use % kStages), (use / kStages) & 1);
+    const int next = static_cast<int>((use + kAhead) % kStages);
+    stage_weights(next, grp + kAhead);
+    stage_acts(next, grp + kAhead);
+    cp_async_commit();
+    return static_cast<int>(use % kStages);
+  }
+
+  // Group grp (its A fragments in a, its stage waited for): its wgmmas run while the group before
+  // it (in acc_prev) is finished; then, with nothing in flight, the next group's stage is waited
+  // for and its A fragments unpacked into a. Two accumulator sets alternate between the groups.
+  __device__ __forceinline__ void step(int k0, int grp, uint32_t (&a)[kKSteps][4],
+                                       float (&acc)[N / 2], float (&acc_prev)[N / 2],
+                                       float (&tot)[N / 2]) const {
+    const int slot = static_cast<int>((uses0 + static_cast<uint32_t>(grp - k0)) % kStages);
+    mma(slot, a, acc);
+    if (grp > k0) {
+      wgmma_wait<1>();
+      epilogue((slot + kStages - 1) & (kStages - 1), acc_prev, tot);
+    }
+    wgmma_wait<0>();
 #pragma unroll
-    for (int i = 0; i < N / 2; ++i) tot[i] = acc[i] = 0.0f;
+    for (int s = 0; s < kKSteps; ++s) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) fence_word(a[s][i]);  // read by the wgmmas until here
+    }
+    if (grp + 1 < k1) unpack(advance(k0, grp + 1), a);
+  }
+
+  __device__ __forceinline__ void run(int k0, float (&tot)[N / 2]) const {
+    // The accumulators need no initial values (each group's first wgmma ignores them); zeroing
+    // them made the compiler copy them at the loop's back edge while a wgmma was writing them.
+    float acc0[N / 2], acc1[N / 2];
+    uint32_t a[kKSteps][4];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) tot[i] = 0.0f;
       // The first stages' weights load before the wait for the kernel that prepares the
       // activations; each stage's commit group then closes with its activations.
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) stage_weights((uses0 + s) % kStages, k0 + s);
+    for (int s = 0; s < kAhead; ++s) stage_weights((uses0 + s) % kStages, k0 + s);
     wait_for_previous_grid();
     allow_dependent_launch();
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
+    for (int s = 0; s < kAhead; ++s) {
       stage_acts((uses0 + s) % kStages, k0 + s);
       cp_async_commit();
     }
-    for (int grp = k0; grp < k1; ++grp) {
-      const uint32_t use = uses0 + static_cast<uint32_t>(grp - k0);
-      cp_async_wait<kStages - 2>();
-      __syncthreads();  // stage `use` is loaded; the one before is free (its wgmmas were waited)
-      mbar_wait(bars + 8 * (use % kStages), (use / kStages) & 1);
-      const int next = static_cast<int>((use + kStages - 1) % kStages);
-      stage_weights(next, grp + kStages - 1);
-      stage_acts(next, grp + kStages - 1);
-      cp_async_commit();
-      compute(static_cast<int>(use % kStages), acc, tot);
+    unpack(advance(k0, k0), a);
+    int grp = k0;
+    for (; grp + 1 < k1; grp += 2) {
+      step(k0, grp, a, acc0, acc1, tot);
+      step(k0, grp + 1, a, acc1, acc0, tot);
+    }
+    const int last = static_cast<int>((uses0 + static_cast<uint32_t>(k1 - 1 - k0)) % kStages);
+    if (grp < k1) {  // an odd number of groups: the last one is in the first set
+      step(k0, grp, a, acc0, acc1, tot);
+      epilogue(last, acc0, tot);
+    } else {
+      epilogue(last, acc1, tot);
     }
     cp_async_wait<0>();
     __syncthreads();  // the stages may be restaged by the block's next tile
