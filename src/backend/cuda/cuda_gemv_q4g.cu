@@ -38,8 +38,8 @@
 namespace tokenmill::cuda {
 namespace {
 
-// Three warpgroups: each holds two groups' accumulators and A fragments (the loop overlaps one
-// group's wgmmas with the previous group's epilogue), 168 registers a thread.
+// Three warpgroups: each holds two groups' accumulators (the loop overlaps one group's wgmmas
+// with the previous group's epilogue), 168 registers a thread.
 constexpr int kWarpGroups = 3;
 constexpr int kWarps = 4 * kWarpGroups;
 constexpr int kThreads = 32 * kWarps;
@@ -99,6 +99,7 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_operand(float& r) {
   asm volatile("" : "+f"(r)::"memory");
 }
+// The same for an A fragment register, which a wgmma reads until it is waited for.
 __device__ __forceinline__ void fence_word(uint32_t& r) {
   asm volatile("" : "+r"(r)::"memory");
 }
