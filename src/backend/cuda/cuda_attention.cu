@@ -546,13 +546,21 @@ void CudaBackend::attention(const KVLayerView& kv, const KVPaging& paging, const
     const cuda::SplitArgs a{
         kv,        paging,  seqs, q, heads, scale, cuda::split_count(capacity, positions),
         positions, attn_ws_};
-    const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(kv.kv_heads),
-                    static_cast<unsigned>(seqs.n_tokens));
-    cuda::with_kv_type(kv.dtype,
-                       [&](auto tag) { cuda::launch_split<decltype(tag)>(stream_, r, grid, a); });
+    // BF16 caches on sm_90: the tensor-core first pass, with its own split count.
+    int splits = gemv_ws_.wgmma
+                     ? cuda::launch_attention_split_tc(stream_, kv, paging, seqs, q, heads, scale,
+                                                       a.splits, attn_ws_, gemv_ws_.sm_count)
+                     : 0;
+    if (splits == 0) {
+      const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(kv.kv_heads),
+                      static_cast<unsigned>(seqs.n_tokens));
+      cuda::with_kv_type(kv.dtype,
+                         [&](auto tag) { cuda::launch_split<decltype(tag)>(stream_, r, grid, a); });
+      splits = a.splits;
+    }
     TM_CUDA_LAUNCHED();
     cuda::launch_pdl(cuda::attention_combine_kernel, static_cast<unsigned>(seqs.n_tokens * heads),
-                     cuda::kCombineThreads, 0, stream_, attn_ws_, a.splits, kv.head_dim, out);
+                     cuda::kCombineThreads, 0, stream_, attn_ws_, splits, kv.head_dim, out);
     TM_CUDA_LAUNCHED();
     return;
   }

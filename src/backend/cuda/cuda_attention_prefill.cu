@@ -44,19 +44,11 @@ struct PrefillArgs {
   float scale_log2;  // softmax scale * log2(e): scores are exponentiated base 2
 };
 
-// Four 8x8 F16 matrices from shared memory, lane l giving the address of row l % 8 of matrix
-// l / 8; .trans hands each thread the transposed fragment.
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __half* p) {
-  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
+  ldmatrix_x4(r, static_cast<uint32_t>(__cvta_generic_to_shared(p)));
 }
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const __half* p) {
-  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
+  ldmatrix_x4_trans(r, static_cast<uint32_t>(__cvta_generic_to_shared(p)));
 }
 
 __device__ __forceinline__ uint32_t half2_bits(__half2 h) {

@@ -45,6 +45,15 @@ bool launch_attention_prefill(CUstream_st* st, const KVLayerView& kv, const KVPa
                               const SeqLayout& seqs, const float* q, int heads, float scale,
                               float* out, bool fast);
 
+// The first pass of split-context decode attention on the tensor cores
+// (cuda_attention_split_tc.cu), for BF16 caches, head_dim 128 or 256 and up to 8 query heads
+// per kv head, on sm_90: writes per-split partials into ws in the layout the combine kernel
+// reads, with at most max_splits splits per row. Returns the splits used, or 0, launching
+// nothing, for other shapes.
+int launch_attention_split_tc(CUstream_st* st, const KVLayerView& kv, const KVPaging& pg,
+                              const SeqLayout& seqs, const float* q, int heads, float scale,
+                              int max_splits, float* ws, int sm_count);
+
 // The gated delta rule in chunks of 64 tokens (cuda_gdn_chunked.cu). Workspace it needs (floats)
 // for k_dim 4..128 (a multiple of 4) and v_dim 1..128; 0 for shapes it does not take.
 size_t delta_rule_chunked_ws_floats(const GDNStateView& state, const SeqLayout& seqs);

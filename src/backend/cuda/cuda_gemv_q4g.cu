@@ -104,21 +104,6 @@ __device__ __forceinline__ void fence_word(uint32_t& r) {
   asm volatile("" : "+r"(r)::"memory");
 }
 
-__device__ __forceinline__ void mbar_init(uint32_t bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
 // A box of the 2-D tensor map (inner coordinate c0, row c1) into shared memory, completing on bar.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
                                             uint32_t bar) {
@@ -443,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (unit >= sk.warps) return;  // the whole block
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < S::kStages; ++s) mbar_init(smem + S::kStages * S::kBytes + 8 * s);
+    for (int s = 0; s < S::kStages; ++s) mbar_init(smem + S::kStages * S::kBytes + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();

@@ -182,7 +182,9 @@ TEST_F(CudaAttention, Bf16CacheMatchesCpu) {
       const std::vector<float> split =
           split_attention(dkv, st, dq, heads, scale, max_blocks * block_size, want.size());
       ASSERT_FALSE(split.empty());
-      expect_close(split, want, 1e-5, "bf16 split attention D=" + std::to_string(D));
+      // 1e-4: on sm_90 the tensor-core pass (queries and probabilities in 16 significant bits;
+      // test_cuda_attention_split.cpp).
+      expect_close(split, want, 1e-4, "bf16 split attention D=" + std::to_string(D));
       for (int s = 0; s < S; ++s) prev[s] += add[s];
     }
     // The fused front appends the next token of each sequence.
