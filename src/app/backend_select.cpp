@@ -29,14 +29,21 @@ void add_device_options(CLI::App& cmd, DeviceOptions& opt) {
 
 void add_kv_dtype_option(CLI::App& cmd, std::string& kv_dtype) {
   cmd.add_option("--kv-dtype", kv_dtype,
-                 "KV cache elements: f32 (exact) or bf16 (half the memory and decode reads)")
-      ->check(CLI::IsMember({"f32", "bf16"}))
+                 "KV cache elements: f32 (exact), bf16 (half the memory and decode reads) or "
+                 "auto (bf16 on CUDA, f32 on the CPU)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}))
       ->capture_default_str();
 }
 
-DType kv_dtype_of(const std::string& kv_dtype) {
+DType kv_dtype_of(const std::string& kv_dtype, const Backend& backend) {
+  if (kv_dtype == "auto") {
+    return !is_cpu_backend(backend) && backend.supports_kv_dtype(DType::BF16) ? DType::BF16
+                                                                              : DType::F32;
+  }
   DType d = DType::F32;
-  if (!parse_kv_dtype(kv_dtype, &d)) fail("--kv-dtype must be f32 or bf16, got '{}'", kv_dtype);
+  if (!parse_kv_dtype(kv_dtype, &d)) {
+    fail("--kv-dtype must be auto, f32 or bf16, got '{}'", kv_dtype);
+  }
   return d;
 }
 

@@ -22,10 +22,12 @@ struct DeviceOptions {
 
 void add_device_options(CLI::App& cmd, DeviceOptions& opt);
 
-// --kv-dtype f32|bf16 (the KV cache's element type) for the commands that run an engine.
+// --kv-dtype auto|f32|bf16 (the KV cache's element type) for the commands that run an engine.
 void add_kv_dtype_option(CLI::App& cmd, std::string& kv_dtype);
-// The DType a --kv-dtype value names (the option's check admits only those).
-DType kv_dtype_of(const std::string& kv_dtype);
+// The DType a --kv-dtype value (or a model's "kv_cache_dtype" setting) names on this backend:
+// "auto" is BF16 on a GPU backend that keeps it (what GPU engines store: half the memory and
+// the decode reads of F32) and F32 on the CPU backend (exact, the reference).
+DType kv_dtype_of(const std::string& kv_dtype, const Backend& backend);
 
 // Owns the thread pool and the backend, in that order of construction.
 struct BackendHandle {

@@ -20,6 +20,7 @@
 #include "app/commands.h"
 #include "app/model_loading.h"
 #include "backend/profiling_backend.h"
+#include "cache/cache_manager.h"
 #include "engine/engine.h"
 #include "io/checkpoint.h"
 #include "model/model.h"
@@ -40,7 +41,7 @@ struct BenchOptions {
   std::vector<int> prompts, contexts, batches;
   int decode_tokens = 32;
   int64_t cache_mb = 0;
-  std::string kv_dtype = "f32";
+  std::string kv_dtype = "auto";
   // Decoding: greedy by default; a temperature above 0 samples (with top-k / top-p as given),
   // which is what chat clients usually ask for.
   float temperature = 0.0f, top_p = 1.0f;
@@ -150,8 +151,8 @@ void bench_command(BenchOptions o) {
   int max_batch = 1;
   for (int b : o.batches) max_batch = std::max(max_batch, b);
   EngineOptions eo;
-  eo.kv_dtype = kv_dtype_of(o.kv_dtype);
-  rep.kv_dtype = o.kv_dtype;
+  eo.kv_dtype = kv_dtype_of(o.kv_dtype, *be.backend);
+  rep.kv_dtype = kv_dtype_setting_name(eo.kv_dtype);
   SamplingParams sp;
   sp.temperature = o.temperature;
   sp.top_k = o.top_k;

@@ -26,7 +26,7 @@ struct GenerateOptions {
   uint64_t seed = 0;
   bool json = false;
   bool ignore_eos = false;
-  std::string kv_dtype = "f32";
+  std::string kv_dtype = "auto";
   DeviceOptions device;
 };
 
@@ -47,7 +47,7 @@ void generate_command(const GenerateOptions& o) {
   }
   EngineOptions eo;
   eo.max_seqs = 1;
-  eo.kv_dtype = kv_dtype_of(o.kv_dtype);
+  eo.kv_dtype = kv_dtype_of(o.kv_dtype, *be.backend);
   Engine engine(*m.model, eo);
   GenerationRequest req;
   req.prompt = ids;

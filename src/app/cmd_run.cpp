@@ -34,7 +34,7 @@ struct RunOptions {
   std::optional<uint64_t> seed;
   bool think = true;
   bool color = true;
-  std::string kv_dtype = "f32";
+  std::string kv_dtype = "auto";
   DeviceOptions device;
 };
 
@@ -155,7 +155,7 @@ void run_command(const RunOptions& o) {
                                : "defaults from generation_config.json");
   EngineOptions eo;
   eo.max_seqs = 1;
-  eo.kv_dtype = kv_dtype_of(o.kv_dtype);
+  eo.kv_dtype = kv_dtype_of(o.kv_dtype, *be.backend);
   Engine engine(*m.model, eo);
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});

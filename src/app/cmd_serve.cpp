@@ -189,8 +189,7 @@ void run_server(const ServeOptions& o) {
     eo.prefer_decode = settings.limits.prefer_decode;
     eo.kv_block_size = settings.cache.kv_block_size;
     eo.max_context = ms.context_window;
-    const std::string kv = ms.kv_cache_dtype == "auto" ? server::kKvCacheDtype : ms.kv_cache_dtype;
-    TM_CHECK(parse_kv_dtype(kv, &eo.kv_dtype), "kv_cache_dtype {}", kv);
+    eo.kv_dtype = kv_dtype_of(ms.kv_cache_dtype, *be.backend);
     engine_options.push_back(eo);
   }
   // Step memory (scratch and workspaces of the largest step) before the budget measures what

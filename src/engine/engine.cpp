@@ -94,6 +94,7 @@ Engine::Engine(Model& model, const EngineOptions& options)
   I.stats.state_slots_total = co.num_slots;
   I.stats.cache_bytes_total = I.cache->bytes();
   I.stats.max_context = I.max_context;
+  I.stats.kv_dtype = options.kv_dtype;
   // Steps allocate nothing: their memory is reserved here, before the first one.
   reserve_engine_steps(model, options, I.max_context);
   I.thread = std::thread([this] { impl_->loop(); });

@@ -44,6 +44,7 @@ struct EngineStats {
   uint64_t steps = 0;
   double last_batch_tokens = 0;
   int max_context = 0;
+  DType kv_dtype = DType::F32;  // the KV cache's elements
 };
 
 // Reserves the model's step memory (Model::reserve_step: scratch and backend workspaces) for

@@ -93,9 +93,9 @@ void read_model_keys(JsonReader& r, ModelSettings& m) {
   if (auto v = r.one_of("kv_cache_dtype", {"auto", "bf16", "f16", "f32", "fp8"})) {
     if (*v == "f16" || *v == "fp8") {
       r.error("kv_cache_dtype", fmt::format("'{}' is not supported by this build yet (the KV cache "
-                                            "is stored as f32 or bf16); use \"auto\" ({}), "
-                                            "\"f32\" or \"bf16\"",
-                                            *v, kKvCacheDtype));
+                                            "is stored as f32 or bf16); use \"auto\" (bf16 on "
+                                            "CUDA, f32 on the CPU), \"f32\" or \"bf16\"",
+                                            *v));
     }
     m.kv_cache_dtype = *v;
   }

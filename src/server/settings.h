@@ -35,9 +35,6 @@
 
 namespace tokenmill::server {
 
-// The KV cache dtype "auto" resolves to.
-inline constexpr const char* kKvCacheDtype = "f32";
-
 struct SamplingDefaults {
   std::optional<float> temperature, top_p, min_p, repetition_penalty, presence_penalty,
       frequency_penalty;
@@ -54,7 +51,7 @@ struct ModelSettings {
   int thinking_budget = -1;   // reasoning tokens before </think> is forced; -1 = none
   bool speculative = false;   // MTP drafting (true is rejected: not implemented yet)
   int draft_depth = 0;        // drafted tokens per step when speculative (0 = engine default)
-  std::string kv_cache_dtype = "auto";  // "auto" (kKvCacheDtype), "f32" or "bf16"
+  std::string kv_cache_dtype = "auto";  // "auto" (bf16 on CUDA, f32 on the CPU), "f32", "bf16"
   bool pinned = false;                  // never unloaded
   bool is_default = false;              // serves requests that name no model
   std::string source;                   // the file(s) these settings came from, for messages

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "cache/cache_manager.h"
 #include "server/metrics.h"
 
 namespace tokenmill::server {
@@ -89,26 +90,25 @@ std::string status_json(const StatusInputs& in, const StatusSampler& sampler) {
       const SamplingDefaults d =
           merge_sampling_defaults(ms->sampling, m.generation_config.sampling);
       auto opt = [](const auto& v) { return v ? json(*v) : json(nullptr); };
-      j["settings"] = {
-          {"context_window", ms->context_window},
-          {"max_output_tokens", ms->max_output_tokens},
-          {"thinking", ms->thinking},
-          {"speculative", ms->speculative},
-          {"draft_depth", ms->speculative ? ms->draft_depth : 0},
-          {"kv_cache_dtype", ms->kv_cache_dtype == "auto" ? kKvCacheDtype : ms->kv_cache_dtype},
-          {"prefix_cache", in.settings->cache.prefix_cache},
-          {"pinned", ms->pinned},
-          // Defaults for requests that set none (settings over generation_config.json; null:
-          // the built-in default).
-          {"sampling_defaults",
-           {{"temperature", opt(d.temperature)},
-            {"top_p", opt(d.top_p)},
-            {"top_k", opt(d.top_k)},
-            {"min_p", opt(d.min_p)},
-            {"repetition_penalty", opt(d.repetition_penalty)},
-            {"presence_penalty", opt(d.presence_penalty)},
-            {"frequency_penalty", opt(d.frequency_penalty)}}},
-          {"generation_config", m.generation_config.file}};
+      j["settings"] = {{"context_window", ms->context_window},
+                       {"max_output_tokens", ms->max_output_tokens},
+                       {"thinking", ms->thinking},
+                       {"speculative", ms->speculative},
+                       {"draft_depth", ms->speculative ? ms->draft_depth : 0},
+                       {"kv_cache_dtype", kv_dtype_setting_name(s.kv_dtype)},
+                       {"prefix_cache", in.settings->cache.prefix_cache},
+                       {"pinned", ms->pinned},
+                       // Defaults for requests that set none (settings over generation_config.json;
+                       // null: the built-in default).
+                       {"sampling_defaults",
+                        {{"temperature", opt(d.temperature)},
+                         {"top_p", opt(d.top_p)},
+                         {"top_k", opt(d.top_k)},
+                         {"min_p", opt(d.min_p)},
+                         {"repetition_penalty", opt(d.repetition_penalty)},
+                         {"presence_penalty", opt(d.presence_penalty)},
+                         {"frequency_penalty", opt(d.frequency_penalty)}}},
+                       {"generation_config", m.generation_config.file}};
     }
     models.push_back(std::move(j));
   }

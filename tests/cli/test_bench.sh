@@ -34,6 +34,8 @@ b2 = r["batch"][1]
 assert abs(b2["per_seq_tok_s"] * 2 - b2["aggregate_tok_s"]) < 1e-6 * b2["aggregate_tok_s"], b2
 # The backend held at least the KV/state cache it reports.
 assert r["peak_backend_bytes"] >= r["cache_bytes"] > 0, r
+# --kv-dtype auto (the default) resolves to the exact F32 cache on the CPU backend.
+assert r["kv_dtype"] == "f32", r["kv_dtype"]
 svg = open(sys.argv[2]).read()
 assert svg.startswith("<svg") or "<svg" in svg[:200], svg[:200]
 assert svg.rstrip().endswith("</svg>"), svg[-200:]
