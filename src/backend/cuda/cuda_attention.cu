@@ -209,17 +209,6 @@ constexpr int kSplitBudget = 2048;  // query rows x splits: bounds the workspace
 constexpr int kMaxSplits = 256;     // per query row
 constexpr int kSplitStep = 4;       // positions per warp step
 
-struct SplitArgs {
-  KVLayerView kv;
-  KVPaging pg;
-  SeqLayout seqs;
-  const float* q;
-  int heads;
-  float scale;
-  int splits, positions;  // splits of `positions` positions (a multiple of 4 * kSplitStep)
-  float* ws;              // [n_tokens, heads, splits] x (D + 2): acc[D], m, l
-};
-
 template <int R, typename T>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitArgs a) {
   pdl_begin();
@@ -322,27 +311,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitA
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < R * (D + 2); i += blockDim.x) {
-    const int h = i / (D + 2), d = i % (D + 2);
-    float mt = -INFINITY;
-    for (int w = 0; w < kAttnWarps; ++w) mt = fmaxf(mt, wm[w][h]);
-    float v = 0.0f;
-    if (d == D) {
-      v = mt;
-    } else {
-      for (int w = 0; w < kAttnWarps; ++w) {
-        if (wl[w][h] > 0.0f) {
-          const float f = expf(wm[w][h] - mt);
-          v += (d < D ? wacc[w][h][d] : wl[w][h]) * f;
-        } else if (wm[w][h] != wm[w][h]) {
-          v = NAN;
-        }
-      }
-    }
-    if (!valid) v = NAN;
-    const int64_t slot = (static_cast<int64_t>(t) * a.heads + kvh * R + h) * a.splits + sp;
-    a.ws[slot * (D + 2) + d] = v;
-  }
+  write_split_partials<kAttnWarps>(
+      [&](int w, int h) { return wm[w][h]; }, [&](int w, int h) { return wl[w][h]; },
+      [&](int w, int h, int d) { return wacc[w][h][d]; }, R, D, valid, a.ws,
+      (static_cast<int64_t>(t) * a.heads + kvh * R) * a.splits + sp, a.splits);
 }
 
 // out[t, h, :] = sum over splits of acc * exp(m - M) / sum of l * exp(m - M). Block (t * heads

@@ -53,17 +53,6 @@ struct SplitTcLayout {
   static_assert(kHeads * D * 4 <= kWarpBytes, "the warp's merge rows fit its ring");
 };
 
-struct SplitTcArgs {
-  KVLayerView kv;
-  KVPaging pg;
-  SeqLayout seqs;
-  const float* q;
-  int heads;
-  float scale;
-  int splits;
-  float* ws;  // [n_tokens, heads, splits] x (D + 2): acc[D], m, l (the combine kernel's input)
-};
-
 __device__ __forceinline__ uint32_t bf16x2_bits(float a, float b) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<const uint32_t*>(&h);
@@ -75,7 +64,7 @@ __device__ __forceinline__ void split_bf16(float a, float b, uint32_t& hi, uint3
 }
 
 template <int D>
-__global__ void __launch_bounds__(kWarps * 32, 1) attention_split_tc_kernel(SplitTcArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, 1) attention_split_tc_kernel(SplitArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using L = SplitTcLayout<D>;
   constexpr int kSteps = D / 16;  // k-steps of the scores, m-tiles of the output
@@ -242,28 +231,12 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_split_tc_kernel(Spli
     wo[(2 * q4 + 1) * D + 16 * j + g + 8] = o[j][3];
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < R * (D + 2); idx += blockDim.x) {
-    const int h = idx / (D + 2), d = idx % (D + 2);
-    float mt = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, wm[w][h]);
-    float v = 0.0f;
-    if (d == D) {
-      v = mt;
-    } else {
-      for (int w = 0; w < kWarps; ++w) {
-        if (wl[w][h] > 0.0f) {
-          const float fw = expf(wm[w][h] - mt);
-          const float* ww = reinterpret_cast<const float*>(tc_smem + w * L::kWarpBytes);
-          v += (d < D ? ww[h * D + d] : wl[w][h]) * fw;
-        } else if (wm[w][h] != wm[w][h]) {
-          v = NAN;
-        }
-      }
-    }
-    if (!valid) v = NAN;
-    const int64_t slot = (static_cast<int64_t>(t) * a.heads + kvh * R + h) * a.splits + sp;
-    a.ws[slot * (D + 2) + d] = v;
-  }
+  write_split_partials<kWarps>(
+      [&](int w, int h) { return wm[w][h]; }, [&](int w, int h) { return wl[w][h]; },
+      [&](int w, int h, int d) {
+        return reinterpret_cast<const float*>(tc_smem + w * L::kWarpBytes)[h * D + d];
+      },
+      R, D, valid, a.ws, (static_cast<int64_t>(t) * a.heads + kvh * R) * a.splits + sp, a.splits);
 #endif
 }
 
@@ -283,7 +256,7 @@ int launch_attention_split_tc(CUstream_st* st, const KVLayerView& kv, const KVPa
   const int64_t others = int64_t{kv.kv_heads} * seqs.n_tokens;
   const int splits =
       static_cast<int>(std::clamp<int64_t>(sm_count / others, 1, int64_t{max_splits}));
-  const SplitTcArgs a{kv, pg, seqs, q, heads, scale, splits, ws};
+  const SplitArgs a{kv, pg, seqs, q, heads, scale, splits, 0, ws};
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(kv.kv_heads),
                   static_cast<unsigned>(seqs.n_tokens));
   auto run = [&](auto kernel, size_t smem) {

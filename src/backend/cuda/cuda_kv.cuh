@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "backend/backend.h"
+
 namespace tokenmill::cuda {
 
 // Cache row (in units of kv_heads*head_dim... as a position index) of position p of sequence s,
@@ -42,6 +44,51 @@ __device__ __forceinline__ float4 kv_load4(const uint16_t* p) {
   const uint2 u = *reinterpret_cast<const uint2*>(p);
   return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
                      __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
+// The arguments of a split-context decode kernel (the first pass; the combine kernel finishes).
+struct SplitArgs {
+  KVLayerView kv;
+  KVPaging pg;
+  SeqLayout seqs;
+  const float* q;
+  int heads;
+  float scale;
+  int splits;
+  int positions;  // the CUDA-core kernel's positions per split (a multiple of its warps' steps);
+                  // the tensor-core pass spreads each row's context over the splits itself
+  float* ws;      // [n_tokens, heads, splits] x (D + 2): acc[D], m, l
+};
+
+// The end of a split-context decode kernel's block: merges its W warps' online-softmax states
+// of query heads h < R and writes, per head, the split's partial acc[D] (relative to the merged
+// max), m and l at ws[(slot0 + h * splits) * (D + 2)], the combine kernel's input. m_at(w, h),
+// l_at(w, h) and acc_at(w, h, d) read warp w's state (written before the block barrier the
+// caller passed); a warp's NaN m (it met a missing cache block) makes the head NaN, and an
+// invalid row NaN throughout.
+template <int W, class MAt, class LAt, class AccAt>
+__device__ __forceinline__ void write_split_partials(MAt m_at, LAt l_at, AccAt acc_at, int R, int D,
+                                                     bool valid, float* ws, int64_t slot0,
+                                                     int splits) {
+  for (int i = threadIdx.x; i < R * (D + 2); i += blockDim.x) {
+    const int h = i / (D + 2), d = i % (D + 2);
+    float mt = -INFINITY;
+    for (int w = 0; w < W; ++w) mt = fmaxf(mt, m_at(w, h));
+    float v = 0.0f;
+    if (d == D) {
+      v = mt;
+    } else {
+      for (int w = 0; w < W; ++w) {
+        if (l_at(w, h) > 0.0f) {
+          v += (d < D ? acc_at(w, h, d) : l_at(w, h)) * expf(m_at(w, h) - mt);
+        } else if (m_at(w, h) != m_at(w, h)) {
+          v = NAN;
+        }
+      }
+    }
+    if (!valid) v = NAN;
+    ws[(slot0 + static_cast<int64_t>(h) * splits) * (D + 2) + d] = v;
+  }
 }
 
 }  // namespace tokenmill::cuda
