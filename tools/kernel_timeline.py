@@ -44,6 +44,7 @@ def main():
     ap.add_argument("--marker", default="embed_kernel", help="kernel that starts a step")
     ap.add_argument("--steps", type=int, default=8, help="whole steps to average, the last ones")
     ap.add_argument("--show", type=int, default=40, help="kernels of the last step to list")
+    ap.add_argument("--tail", type=int, default=12, help="last rows of the last step to list")
     ap.add_argument("--top", type=int, default=20, help="kernel names to list")
     args = ap.parse_args()
     rows = read_trace(args.csv)
@@ -51,7 +52,7 @@ def main():
     if len(marks) < 2:
         sys.exit(f"{args.csv}: fewer than two '{args.marker}' launches: no whole step")
     bounds = list(zip(marks[:-1], marks[1:]))[-args.steps:]
-    walls, kernel_ns, incr_ns = [], [], []
+    walls, kernel_ns, incr_ns, between_ns = [], [], [], []
     per = collections.defaultdict(lambda: [0, 0, 0])  # launches, duration ns, increment ns
     for a, b in bounds:
         step = rows[a:b]
@@ -70,19 +71,28 @@ def main():
             i_sum += incr
         kernel_ns.append(k_sum)
         incr_ns.append(i_sum)
+        # The GPU idles between a step's last kernel end and the next step's first kernel: the
+        # host's part of a step (scheduling, uploads, reading back the sampled ids).
+        between_ns.append(max(0, rows[b][0] - latest))
     n = len(bounds)
     wall = statistics.mean(walls)
     print(f"{n} steps: {statistics.mean(b - a for a, b in bounds):.0f} kernels, wall "
           f"{wall / 1e3:.1f} us (min {min(walls) / 1e3:.1f}), kernel time "
           f"{statistics.mean(kernel_ns) / 1e3:.1f} us, critical path "
-          f"{statistics.mean(incr_ns) / 1e3:.1f} us, idle {(wall - statistics.mean(incr_ns)) / 1e3:.1f} us")
+          f"{statistics.mean(incr_ns) / 1e3:.1f} us, idle {(wall - statistics.mean(incr_ns)) / 1e3:.1f} us"
+          f" (between steps {statistics.mean(between_ns) / 1e3:.1f} us)")
     print(f"{'kernel':<36} {'per step':>8} {'mean us':>8} {'incr us':>8} {'incr/step':>10} {'share':>6}")
     ranked = sorted(per.items(), key=lambda kv: -kv[1][2])
     for name, (count, dur, incr) in ranked[: args.top]:
         print(f"{name[:36]:<36} {count / n:>8.1f} {dur / count / 1e3:>8.2f} "
               f"{incr / count / 1e3:>8.2f} {incr / n / 1e3:>10.1f} {100 * incr / n / wall:>5.1f}%")
     a, b = bounds[-1]
-    t0, prev_end = rows[a][0], rows[a][0]
+    t0 = rows[a][0]
+    print(f"\nlast step, its last {args.tail} rows and the next step's first (us from its start):")
+    for start, end, grid, block, name in rows[max(a, b - args.tail):b + 1]:
+        print(f"{(start - t0) / 1e3:>9.2f} {(end - t0) / 1e3:>9.2f} {(end - start) / 1e3:>7.2f} "
+              f"{grid:>8}  {short_name(name)[:60]}")
+    prev_end = t0
     print(f"\nlast step, first {args.show} kernels (us from the step's start):")
     print(f"{'start':>9} {'end':>9} {'dur':>7} {'gap':>7} {'grid':>6}  kernel")
     for start, end, grid, block, name in rows[a:min(b, a + args.show)]:

@@ -37,6 +37,7 @@ struct BenchOptions {
   std::string dir, preset, quant = "q4g64", json_path = "bench.json", chart_path = "bench.svg";
   bool dummy = false;
   bool no_graphs = false;
+  bool no_overlap = false;
   bool profile_ops = false;
   std::vector<int> prompts, contexts, batches;
   int decode_tokens = 32;
@@ -161,6 +162,7 @@ void bench_command(BenchOptions o) {
                                                  o.temperature, o.top_k, o.top_p)
                                    : "greedy";
   eo.max_seqs = max_batch;
+  eo.overlap_steps = !o.no_overlap;
   eo.host_pool = be.pool.get();  // sampled rows of a step in parallel
   eo.max_step_tokens = cpu ? 512 : 8192;
   eo.prefill_chunk = eo.max_step_tokens;
@@ -223,6 +225,11 @@ void bench_command(BenchOptions o) {
   rep.cache_bytes = engine.stats().cache_bytes_total;
   rep.peak_backend_bytes = be.backend->peak_allocated_bytes();
   print_report(rep);
+  const EngineStats es = engine.stats();
+  std::printf("  steps: %llu, %llu of them launched while the step before ran (%s)\n",
+              static_cast<unsigned long long>(es.steps),
+              static_cast<unsigned long long>(es.steps_overlapped),
+              o.no_overlap ? "--no-overlap" : "overlapped greedy steps");
   if (backend.can_record()) {  // backends that replay recorded steps (CUDA graphs)
     const Model::RecordStats& rs = model->record_stats();
     std::printf("  decode steps recorded (CUDA graphs): %lld recordings in %.3f s, %lld replays\n",
@@ -246,6 +253,8 @@ void register_bench(CLI::App& app) {
                 "Time every op (synchronizing after each) and print where the time goes");
   cmd->add_flag("--no-graphs", opt->no_graphs,
                 "Launch every op of a decode step (no recorded CUDA graphs), for comparison");
+  cmd->add_flag("--no-overlap", opt->no_overlap,
+                "Wait for each decode step's results before launching the next, for comparison");
   cmd->add_option("--quant", opt->quant, "bf16 or q<bits>g<group> for --preset")
       ->capture_default_str();
   cmd->add_option("--prompt-lengths", opt->prompts, "Prefill lengths (default by device)")

@@ -173,6 +173,16 @@ class Backend {
   virtual void free(void* p) = 0;
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;
   virtual void download(void* dst, const void* src, size_t bytes) = 0;
+  // A download that does not wait: it starts copying `bytes` from backend memory `src` once the
+  // ops issued so far have run, and returns a ticket; `dst` (host memory, kept alive by the
+  // caller) holds the bytes once finish_download(ticket) returns. The host can issue the next
+  // ops in between. Tickets are finished in the order they were begun. Backends whose ops run
+  // synchronously copy at once (the default).
+  virtual int64_t begin_download(void* dst, const void* src, size_t bytes) {
+    download(dst, src, bytes);
+    return 0;
+  }
+  virtual void finish_download(int64_t ticket) { (void)ticket; }
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // backend to backend
   virtual void synchronize() = 0;

@@ -42,6 +42,10 @@ class ProfilingBackend final : public Backend {
   void download(void* dst, const void* src, size_t bytes) override {
     in_.download(dst, src, bytes);
   }
+  int64_t begin_download(void* dst, const void* src, size_t bytes) override {
+    return in_.begin_download(dst, src, bytes);
+  }
+  void finish_download(int64_t ticket) override { in_.finish_download(ticket); }
   void fill_zero(void* dst, size_t bytes) override { in_.fill_zero(dst, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { in_.copy(dst, src, bytes); }
   void synchronize() override { in_.synchronize(); }

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cache/cache_manager.h"
@@ -41,8 +42,24 @@ struct Engine::Impl {
   std::deque<std::unique_ptr<Sequence>> waiting;
   std::vector<std::unique_ptr<Sequence>> running;
   std::vector<float> logits;
-  std::vector<int32_t> greedy_ids;  // a step's argmax per logit row (Model::forward_greedy)
-  std::vector<float> work;          // the logits a sampler may modify (penalties, masks)
+  std::vector<int32_t> greedy_ids;  // a step's argmax per logit row (Model::collect_greedy)
+  // A greedy step launched and not yet collected (at most one): per plan entry its sequence,
+  // its logit row, and where its token goes (an index of s.tokens holding kPendingToken; -1:
+  // none) when `outputs` (its prefill is complete after the step). While it runs, the next step
+  // can be scheduled and launched behind it, taking those tokens from the device.
+  struct LaunchedRow {
+    Sequence* seq;
+    int logit_row;
+    int token_index;
+    bool outputs;
+  };
+  struct Launched {
+    std::vector<LaunchedRow> rows;
+  };
+  std::optional<Launched> launched;
+  // Finished sequences a launched step may still name; freed once none is in flight.
+  std::vector<std::unique_ptr<Sequence>> retired;
+  std::vector<float> work;  // the logits a sampler may modify (penalties, masks)
   std::vector<uint8_t> allowed;
   // Sampled ahead, in parallel on opt.host_pool: token per plan entry (-1: chosen in order), and
   // per-thread scratch rows.
@@ -53,6 +70,22 @@ struct Engine::Impl {
   Impl(Model& m, const EngineOptions& o) : model(m), opt(o) {}
   void loop();
   void step();
+  // Done sequences leave running/waiting (into retired while a step is in flight).
+  void prune();
+  // Whether the next step can be scheduled while the launched one runs (see step()).
+  bool can_continue() const;
+  // After launching a greedy step: caches advanced, a pending token per completed prefill.
+  Launched advance(const std::vector<StepEntry>& entries);
+  // Waits for the launched step's ids and delivers its tokens.
+  void complete_launched();
+  // A sequence's next output is about to be token `index`: the first event's prompt fields;
+  // false when the request asked for no tokens (then it is finished).
+  bool begin_output(Sequence& s, int index, TokenEvent& ev);
+  // Delivers s.tokens[index], the sequence's newest output: sampler, reasoning, constraint,
+  // stop and length checks, the event.
+  void emit(Sequence& s, int index, TokenEvent ev);
+  // After a failed step: drops the launched step and its finished sequences.
+  void abandon_launched();
   void presample(const std::vector<StepEntry>& entries, int V);
   void finish(Sequence& s, FinishReason why, const std::string& error = {});
   void release(Sequence& s);
@@ -147,6 +180,14 @@ bool forced_reasoning_end(const Sequence& s) {
 bool constrained_now(const Sequence& s) {
   return s.req.constraint && !s.in_reasoning;
 }
+// Whether the sequence's rows need only the argmax id from the device (Model::launch_greedy),
+// not rows x vocab logits on the host.
+bool greedy_ids_only(const Sequence& s) {
+  return s.req.prompt_logprobs < 0 && s.req.sampling.logprobs < 0 && !s.req.constraint &&
+         s.sampler->plain_greedy();
+}
+// The placeholder of a token a launched step is still computing.
+constexpr int32_t kPendingToken = -1;
 }  // namespace
 
 std::shared_ptr<RequestStream> Engine::submit(GenerationRequest req) {
@@ -234,8 +275,20 @@ void Engine::Impl::finish(Sequence& s, FinishReason why, const std::string& erro
   release(s);
 }
 
+void Engine::Impl::abandon_launched() {
+  launched.reset();
+  try {
+    model.discard_launched();
+  } catch (const std::exception& e) {
+    log::error("dropping a launched step failed: {}", e.what());
+  }
+  retired.clear();
+}
+
 void Engine::Impl::update_stats() {
   std::lock_guard<std::mutex> lock(mu);
+  stats.requests_finished = stats.requests_total - static_cast<uint64_t>(running.size()) -
+                            static_cast<uint64_t>(waiting.size() + incoming.size());
   stats.running = static_cast<int>(running.size());
   stats.queued = static_cast<int>(waiting.size() + incoming.size());
   stats.kv_blocks_used = cache->total_blocks() - cache->free_blocks();
@@ -250,8 +303,9 @@ void Engine::Impl::loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock,
-              [&] { return stop || !incoming.empty() || !running.empty() || !waiting.empty(); });
+      cv.wait(lock, [&] {
+        return stop || !incoming.empty() || !running.empty() || !waiting.empty() || launched;
+      });
       if (stop) break;
       while (!incoming.empty()) {
         waiting.push_back(std::move(incoming.front()));
@@ -263,18 +317,53 @@ void Engine::Impl::loop() {
     } catch (const std::exception& e) {
       // A failed step fails the sequences in it; the engine keeps serving the rest.
       log::error("engine step failed: {}", e.what());
-      for (auto& s : running) finish(*s, FinishReason::kError, e.what());
+      abandon_launched();
+      for (auto& s : running) {
+        if (!s->done) finish(*s, FinishReason::kError, e.what());
+      }
       running.clear();
     }
     update_stats();
   }
-  for (auto& s : running) finish(*s, FinishReason::kCancelled);
+  abandon_launched();
+  for (auto& s : running) {
+    if (!s->done) finish(*s, FinishReason::kCancelled);
+  }
   for (auto& s : waiting) finish(*s, FinishReason::kCancelled);
   std::lock_guard<std::mutex> lock(mu);
   for (auto& s : incoming) finish(*s, FinishReason::kCancelled);
   running.clear();
   waiting.clear();
   incoming.clear();
+}
+
+void Engine::Impl::prune() {
+  for (auto& s : running) {
+    if (s->done) retired.push_back(std::move(s));
+  }
+  std::erase_if(running, [](const auto& s) { return s == nullptr; });
+  std::erase_if(waiting, [](const auto& s) { return s->done; });
+  if (!launched) retired.clear();
+}
+
+bool Engine::Impl::can_continue() const {
+  if (!launched || !opt.overlap_steps) return false;
+  // A sequence admitted now would prefill from host tokens while the others wait: run it the
+  // ordinary way.
+  if (!waiting.empty() && static_cast<int>(running.size()) < opt.max_seqs) return false;
+  int64_t new_blocks = 0;
+  for (const auto& sp : running) {
+    const Sequence& s = *sp;
+    const bool decoding = s.uncached() == 1 && s.cached >= s.prompt_len;
+    // Its next token must be the device's greedy id: no forced end of reasoning, no constraint,
+    // no logits on the host; and the token pending from the launched step must not end it.
+    if (!decoding || !greedy_ids_only(s) || forced_reasoning_end(s)) return false;
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    if (n - s.prompt_len >= s.req.max_tokens || n >= max_context) return false;
+    new_blocks += std::max<int64_t>(
+        0, cache->blocks_for(s.cached + 1) - static_cast<int64_t>(s.blocks.size()));
+  }
+  return new_blocks <= cache->free_blocks();  // so scheduling preempts nobody
 }
 
 void Engine::Impl::step() {
@@ -286,44 +375,62 @@ void Engine::Impl::step() {
   };
   drop_cancelled(running);
   drop_cancelled(waiting);
-  std::erase_if(running, [](const auto& s) { return s->done; });
-  std::erase_if(waiting, [](const auto& s) { return s->done; });
+  prune();
+  // The launched step stays in flight while the next one is scheduled and launched behind it
+  // only when the next one is certain to be what its results would have decided.
+  if (launched && !can_continue()) {
+    complete_launched();
+    prune();
+  }
 
   SchedulerConfig sc{opt.max_seqs, opt.max_step_tokens, opt.prefill_chunk, opt.prefer_decode};
   StepPlan plan = schedule_step(sc, *cache, waiting, running);
-  if (plan.entries.empty()) return;
+  if (plan.entries.empty()) {
+    if (launched) complete_launched();
+    prune();
+    return;
+  }
 
   Batch batch;
   for (const StepEntry& e : plan.entries) {
     Sequence& s = *e.seq;
     std::vector<int32_t> ids(s.tokens.begin() + s.cached, s.tokens.begin() + s.cached + e.n_tokens);
+    const int first_row = batch.n_tokens();
     batch.add_sequence(ids, s.cached, s.slot, s.blocks, scores_prompt(s));
+    if (launched) {
+      // A token the launched step is computing: taken from its ids on the device.
+      for (const LaunchedRow& r : launched->rows) {
+        if (r.seq == &s && r.token_index >= s.cached && r.token_index < s.cached + e.n_tokens) {
+          batch.tokens_from_last_step.emplace_back(first_row + (r.token_index - s.cached),
+                                                   r.logit_row);
+        }
+      }
+    }
   }
   // A step whose every row is a plain greedy pick (no logprobs, prompt scoring or constraint)
   // takes only the argmax ids from the device, not rows x vocab logits.
-  bool ids_only = true;
-  for (const StepEntry& e : plan.entries) {
-    const Sequence& s = *e.seq;
-    if (s.req.prompt_logprobs >= 0 || s.req.sampling.logprobs >= 0 || s.req.constraint ||
-        !s.sampler->plain_greedy()) {
-      ids_only = false;
-      break;
-    }
-  }
-  if (ids_only) {
-    model.forward_greedy(batch, cache->views(), &greedy_ids);
-  } else {
-    model.forward(batch, cache->views(), &logits);
-  }
-  const int V = static_cast<int>(model.config().vocab_size);
+  const bool ids_only = std::all_of(plan.entries.begin(), plan.entries.end(),
+                                    [](const StepEntry& e) { return greedy_ids_only(*e.seq); });
   {
     std::lock_guard<std::mutex> lock(mu);
     stats.steps++;
+    if (launched) stats.steps_overlapped++;
     stats.last_batch_tokens = batch.n_tokens();
   }
-
+  if (ids_only) {
+    model.launch_greedy(batch, cache->views());
+    Launched next = advance(plan.entries);
+    if (launched) complete_launched();  // the step before, which ran ahead of this one
+    launched = std::move(next);
+    if (!opt.overlap_steps) complete_launched();
+    prune();
+    return;
+  }
+  TM_CHECK(!launched, "a step that needs logits was scheduled behind a launched step");
+  model.forward(batch, cache->views(), &logits);
+  const int V = static_cast<int>(model.config().vocab_size);
   presampled.assign(plan.entries.size(), -1);
-  if (!ids_only) presample(plan.entries, V);
+  presample(plan.entries, V);
 
   size_t row = 0;
   for (size_t ei = 0; ei < plan.entries.size(); ++ei) {
@@ -347,24 +454,10 @@ void Engine::Impl::step() {
       if (s.cached >= s.prompt_len) s.prompt_scored = true;
     }
     const size_t this_row = row++;
-    const float* lrow = ids_only ? nullptr : &logits[this_row * V];
+    const float* lrow = &logits[this_row * V];
     if (s.cached < static_cast<int>(s.tokens.size())) continue;  // prefill not finished
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (s.output_len() == 0) stats.prompt_tokens += static_cast<uint64_t>(s.prompt_len);
-    }
     TokenEvent ev;
-    if (!s.sent_first) {
-      ev.cached_prompt_tokens = 0;
-      ev.prompt_logprobs = std::move(s.prompt_lps);
-      ev.prompt_top_logprobs = std::move(s.prompt_tops);
-      s.sent_first = true;
-    }
-    if (s.req.max_tokens == 0) {
-      s.stream->push(std::move(ev));
-      finish(s, FinishReason::kLength);
-      continue;
-    }
+    if (!begin_output(s, static_cast<int>(s.tokens.size()), ev)) continue;
     // Choose the next token: a forced end of reasoning, or a (constrained) sample.
     int32_t tok;
     if (forced_reasoning_end(s)) {
@@ -377,48 +470,102 @@ void Engine::Impl::step() {
         mask = allowed.data();
       }
       // sample_row copies the row only when a penalty or the mask changes it.
-      tok = ids_only              ? greedy_ids[this_row]
-            : presampled[ei] >= 0 ? presampled[ei]
-                                  : s.sampler->sample_row(lrow, V, mask, &work);
+      tok = presampled[ei] >= 0 ? presampled[ei] : s.sampler->sample_row(lrow, V, mask, &work);
     }
     if (s.req.sampling.logprobs >= 0) {
       ev.logprob = token_logprob(lrow, V, tok, s.req.sampling.logprobs, &ev.top);
     }
-    s.sampler->accept(tok);
     s.tokens.push_back(tok);
-    ev.token = tok;
-    bool is_stop = !s.req.ignore_eos &&
-                   std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), tok) !=
-                       s.req.stop_token_ids.end();
-    ev.hit_stop_token = is_stop;
-    if (s.in_reasoning) {
-      if (tok == s.req.think_end_token) {
-        s.in_reasoning = false;
-      } else {
-        s.reasoning_tokens++;
+    emit(s, static_cast<int>(s.tokens.size()) - 1, std::move(ev));
+  }
+  prune();
+}
+
+Engine::Impl::Launched Engine::Impl::advance(const std::vector<StepEntry>& entries) {
+  // One logit row per entry: a greedy step scores no prompt.
+  Launched l;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Sequence& s = *entries[i].seq;
+    s.cached += entries[i].n_tokens;
+    LaunchedRow r{&s, static_cast<int>(i), -1, false};
+    if (s.cached == static_cast<int>(s.tokens.size())) {
+      r.outputs = true;
+      if (s.req.max_tokens > 0) {
+        r.token_index = static_cast<int>(s.tokens.size());
+        s.tokens.push_back(kPendingToken);
       }
     }
-    bool constraint_done = false;
-    if (s.req.constraint && !s.in_reasoning && tok != s.req.think_end_token && !is_stop) {
-      constraint_done = !s.req.constraint->accept(tok);
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      stats.generated_tokens++;
-    }
+    l.rows.push_back(r);
+  }
+  return l;
+}
+
+void Engine::Impl::complete_launched() {
+  model.collect_greedy(&greedy_ids);
+  Launched l = std::move(*launched);
+  launched.reset();
+  for (const LaunchedRow& r : l.rows) {
+    Sequence& s = *r.seq;
+    // Finished since the launch (a stop token of the step before, a cancel): its row is moot.
+    if (s.done || !r.outputs) continue;
+    TokenEvent ev;
+    const int index = r.token_index >= 0 ? r.token_index : static_cast<int>(s.tokens.size());
+    if (!begin_output(s, index, ev)) continue;
+    s.tokens[static_cast<size_t>(index)] = forced_reasoning_end(s)
+                                               ? s.req.think_end_token
+                                               : greedy_ids[static_cast<size_t>(r.logit_row)];
+    emit(s, index, std::move(ev));
+  }
+}
+
+bool Engine::Impl::begin_output(Sequence& s, int index, TokenEvent& ev) {
+  if (index == s.prompt_len) {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.prompt_tokens += static_cast<uint64_t>(s.prompt_len);
+  }
+  if (!s.sent_first) {
+    ev.cached_prompt_tokens = 0;
+    ev.prompt_logprobs = std::move(s.prompt_lps);
+    ev.prompt_top_logprobs = std::move(s.prompt_tops);
+    s.sent_first = true;
+  }
+  if (s.req.max_tokens == 0) {
     s.stream->push(std::move(ev));
-    if (is_stop || constraint_done) {
-      finish(s, FinishReason::kStop);
-    } else if (s.output_len() >= s.req.max_tokens ||
-               static_cast<int>(s.tokens.size()) >= max_context) {
-      finish(s, FinishReason::kLength);
+    finish(s, FinishReason::kLength);
+    return false;
+  }
+  return true;
+}
+
+void Engine::Impl::emit(Sequence& s, int index, TokenEvent ev) {
+  const int32_t tok = s.tokens[static_cast<size_t>(index)];
+  s.sampler->accept(tok);
+  ev.token = tok;
+  bool is_stop = !s.req.ignore_eos &&
+                 std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), tok) !=
+                     s.req.stop_token_ids.end();
+  ev.hit_stop_token = is_stop;
+  if (s.in_reasoning) {
+    if (tok == s.req.think_end_token) {
+      s.in_reasoning = false;
+    } else {
+      s.reasoning_tokens++;
     }
   }
-  std::erase_if(running, [](const auto& s) { return s->done; });
+  bool constraint_done = false;
+  if (s.req.constraint && !s.in_reasoning && tok != s.req.think_end_token && !is_stop) {
+    constraint_done = !s.req.constraint->accept(tok);
+  }
   {
     std::lock_guard<std::mutex> lock(mu);
-    stats.requests_finished = stats.requests_total - static_cast<uint64_t>(running.size()) -
-                              static_cast<uint64_t>(waiting.size() + incoming.size());
+    stats.generated_tokens++;
+  }
+  s.stream->push(std::move(ev));
+  // Counted up to this token: a token launched after it (still pending) is not an output yet.
+  if (is_stop || constraint_done) {
+    finish(s, FinishReason::kStop);
+  } else if (index + 1 - s.prompt_len >= s.req.max_tokens || index + 1 >= max_context) {
+    finish(s, FinishReason::kLength);
   }
 }
 

@@ -31,6 +31,11 @@ struct EngineOptions {
   // owned; nullptr: one row after another. Results do not depend on it (each request samples
   // from its own generator).
   ThreadPool* host_pool = nullptr;
+  // Greedy decode steps overlap: the next step is scheduled and launched while the last one
+  // runs, its tokens taken from the device, when nothing the last step returns could change it
+  // (no admission, no length limit reached, no host-side choice of the token). A stop token
+  // then costs one discarded row. Off: every step waits for its results first (for comparison).
+  bool overlap_steps = true;
 };
 
 struct EngineStats {
@@ -42,6 +47,7 @@ struct EngineStats {
   uint64_t requests_total = 0, requests_finished = 0;
   uint64_t prompt_tokens = 0, generated_tokens = 0, cached_prompt_tokens = 0;
   uint64_t steps = 0;
+  uint64_t steps_overlapped = 0;  // launched while the step before was still running
   double last_batch_tokens = 0;
   int max_context = 0;
   DType kv_dtype = DType::F32;  // the KV cache's elements

@@ -32,6 +32,7 @@ struct Model::Scratch {
   ~Scratch() {
     if (arena) be.free(arena);
     if (index) be.free(index);
+    if (greedy) be.free(greedy);
   }
   void* arena = nullptr;
   size_t arena_bytes = 0;
@@ -49,7 +50,10 @@ struct Model::Scratch {
   size_t attn_ws_floats = 0;
   // Index arrays in backend memory.
   int32_t *tokens, *positions, *cu_seqlens, *context_lens, *slots, *block_tables, *logit_rows;
-  int32_t* greedy;  // forward_greedy's ids, one per logit row
+  // launch_greedy's ids, one per logit row: an allocation of its own, so a step's layout never
+  // moves or overwrites the ids of the step before (Batch::tokens_from_last_step reads them).
+  int32_t* greedy = nullptr;
+  int greedy_rows = 0;
   SeqLayout seqs;
   KVPaging paging;
 };
@@ -170,7 +174,7 @@ bool Model::ensure_scratch(int T, int n_seqs, int R, int pass, int max_blocks,
   s.attn_ws_floats = attn_ws_floats;
 
   size_t idx = static_cast<size_t>(T) * 2 + (n_seqs + 1) + n_seqs * 2 +
-               static_cast<size_t>(n_seqs) * max_blocks + 2 * static_cast<size_t>(R);
+               static_cast<size_t>(n_seqs) * max_blocks + static_cast<size_t>(R);
   idx *= 4;
   if (idx > s.index_bytes) {
     moved = true;
@@ -192,8 +196,12 @@ bool Model::ensure_scratch(int T, int n_seqs, int R, int pass, int max_blocks,
   s.block_tables = p;
   p += static_cast<size_t>(n_seqs) * max_blocks;
   s.logit_rows = p;
-  p += R;
-  s.greedy = p;
+  if (R > s.greedy_rows) {
+    moved = true;
+    if (s.greedy) backend_.free(s.greedy);
+    s.greedy_rows = std::max(R, 64);
+    s.greedy = static_cast<int32_t*>(backend_.alloc(static_cast<size_t>(s.greedy_rows) * 4));
+  }
   return moved;
 }
 
@@ -251,8 +259,15 @@ void check_batch(const Batch& b, const ModelConfig& cfg) {
     TM_CHECK(b.positions[b.cu_seqlens[s + 1] - 1] == b.context_lens[s] - 1,
              "sequence {}: positions do not end at its context length", s);
   }
-  for (int32_t t : b.tokens) {
-    if (t < 0 || t >= cfg.vocab_size) {
+  std::vector<bool> on_device(b.tokens.size(), false);
+  for (const auto& [row, id_row] : b.tokens_from_last_step) {
+    TM_CHECK(row >= 0 && row < b.n_tokens() && id_row >= 0,
+             "token of row {} from logit row {} of the last step: out of range", row, id_row);
+    on_device[static_cast<size_t>(row)] = true;
+  }
+  for (size_t i = 0; i < b.tokens.size(); ++i) {
+    const int32_t t = b.tokens[i];
+    if (!on_device[i] && (t < 0 || t >= cfg.vocab_size)) {
       fail("token id {} is outside the vocabulary (0..{})", t, cfg.vocab_size - 1);
     }
   }
@@ -284,18 +299,43 @@ void Model::forward(const Batch& batch, const CacheViews& caches, std::vector<fl
 
 void Model::forward_greedy(const Batch& batch, const CacheViews& caches,
                            std::vector<int32_t>* ids) {
+  TM_CHECK(launched_.empty(), "forward_greedy while launched steps are not collected");
+  launch_greedy(batch, caches);
+  collect_greedy(ids);
+}
+
+void Model::launch_greedy(const Batch& batch, const CacheViews& caches) {
+  TM_CHECK(static_cast<int>(launched_.size()) < kMaxLaunched,
+           "more than {} greedy steps launched and not collected", kMaxLaunched);
   int pass = 0;
   bool recorded = false;
   const int R = run_batch(batch, caches, false, &pass, &recorded);
-  ids->resize(static_cast<size_t>(R));
-  if (R == 0) return;
   Scratch& s = *s_;
   for (int first = 0; first < R; first += pass) {
     const int rows = std::min(pass, R - first);
     if (!recorded) project_logits(first, rows);
     backend_.argmax_rows(s.logits, rows, cfg_.vocab_size, s.greedy + first);
   }
-  backend_.download(ids->data(), s.greedy, ids->size() * 4);
+  last_greedy_rows_ = R;
+  LaunchedIds& l = launched_.emplace_back();
+  l.ids.resize(static_cast<size_t>(R));
+  l.ticket = backend_.begin_download(l.ids.data(), s.greedy, l.ids.size() * 4);
+}
+
+void Model::collect_greedy(std::vector<int32_t>* ids) {
+  TM_CHECK(!launched_.empty(), "collect_greedy: no greedy step was launched");
+  backend_.finish_download(launched_.front().ticket);
+  *ids = std::move(launched_.front().ids);
+  launched_.pop_front();
+}
+
+void Model::discard_launched() {
+  while (!launched_.empty()) {
+    const int64_t ticket = launched_.front().ticket;
+    launched_.pop_front();
+    backend_.finish_download(ticket);
+  }
+  last_greedy_rows_ = 0;
 }
 
 int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hidden, int* pass_out,
@@ -329,13 +369,35 @@ int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hid
   *recorded = record;
   const size_t attn_ws =
       backend_.attention_workspace_floats(T, cfg_.num_heads, cfg_.head_dim, width * block_size);
-  if (ensure_scratch(T, n, R, pass, width, attn_ws)) forget_recordings();
+  if (ensure_scratch(T, n, R, pass, width, attn_ws)) {
+    forget_recordings();
+    // The last step's ids moved with the scratch: nothing can read them any more.
+    TM_CHECK(batch.tokens_from_last_step.empty(),
+             "a step that continues the last one outgrew the reserved scratch");
+    last_greedy_rows_ = 0;
+  }
   backend_.set_attention_workspace(s_->attn_ws, s_->attn_ws_floats);
   Scratch& s = *s_;
   auto up = [&](int32_t* dst, const std::vector<int32_t>& v) {
     if (!v.empty()) backend_.upload(dst, v.data(), v.size() * 4);
   };
   up(s.tokens, batch.tokens);
+  // Tokens still on the device: copied from the last greedy step's ids, a run of consecutive
+  // rows at a time (in a decode step that continues the last one, one copy).
+  const auto& from_last = batch.tokens_from_last_step;
+  for (size_t i = 0; i < from_last.size();) {
+    size_t j = i + 1;
+    while (j < from_last.size() && from_last[j].first == from_last[j - 1].first + 1 &&
+           from_last[j].second == from_last[j - 1].second + 1) {
+      ++j;
+    }
+    TM_CHECK(from_last[j - 1].second < last_greedy_rows_,
+             "token from logit row {} of the last step, which had {} greedy rows",
+             from_last[j - 1].second, last_greedy_rows_);
+    backend_.copy(s.tokens + from_last[i].first, s.greedy + from_last[i].second,
+                  (j - i) * sizeof(int32_t));
+    i = j;
+  }
   up(s.positions, batch.positions);
   up(s.cu_seqlens, batch.cu_seqlens);
   up(s.context_lens, batch.context_lens);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,6 +66,16 @@ class Model {
   // [batch.logit_rows.size()] in host memory): what greedy decoding needs, without downloading
   // and scanning rows x vocab logits on the host.
   void forward_greedy(const Batch& batch, const CacheViews& caches, std::vector<int32_t>* ids);
+  // forward_greedy in two halves, so the host can prepare and launch the next step while this
+  // one runs: launch_greedy issues the step (its ids' copy to the host included) and returns
+  // without waiting where the backend runs asynchronously; collect_greedy waits for the ids of
+  // the oldest launched step not yet collected. The next batch may take tokens from the ids of
+  // the step launched last (Batch::tokens_from_last_step). At most kMaxLaunched steps are
+  // launched and not collected; discard_launched() drops them (after a failure).
+  void launch_greedy(const Batch& batch, const CacheViews& caches);
+  void collect_greedy(std::vector<int32_t>* ids);
+  void discard_launched();
+  static constexpr int kMaxLaunched = 2;
 
   // Reserves the scratch and the backend's step workspaces (Backend::reserve_step_workspaces)
   // for every forward of at most max_tokens rows over at most max_seqs sequences whose block
@@ -125,6 +136,14 @@ class Model {
   ModelWeights w_;
   CacheGeometry geo_;
   std::unique_ptr<Scratch> s_;
+  // Greedy steps launched and not collected, oldest first: the download's ticket and the host
+  // buffer it fills (a deque: buffers stay put while others are added).
+  struct LaunchedIds {
+    int64_t ticket = 0;
+    std::vector<int32_t> ids;
+  };
+  std::deque<LaunchedIds> launched_;
+  int last_greedy_rows_ = 0;  // logit rows of the greedy step launched last (ids in s.greedy)
   ModelOptions options_;
   // Recorded decode steps by shape: (sequences, block-table width, cache identity) -> id.
   std::vector<std::pair<std::vector<uint64_t>, int64_t>> recordings_;

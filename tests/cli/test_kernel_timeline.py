@@ -2,8 +2,10 @@
 """tools/kernel_timeline.py on a trace written here in tools/kernel_trace's CSV form: the last
 whole step (between the last two embedding launches) is summarized by kernel name, with each
 kernel's increment of the step's latest end (its share of the critical path, overlaps not
-counted twice), the step's wall, kernel and idle time, and the gap of a dependent launch that
-started before its predecessor ended; a trace without two steps is refused with a message."""
+counted twice), the step's wall, kernel and idle time (and the part of it between the step's last
+end and the next step's first launch), the step's last rows with the next step's first, and the
+gap of a dependent launch that started before its predecessor ended; a trace without two steps
+is refused with a message."""
 import csv
 import os
 import subprocess
@@ -41,19 +43,25 @@ with tempfile.TemporaryDirectory() as d:
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == ("1 steps: 4 kernels, wall 10.0 us (min 10.0), kernel time 5.1 us, "
-                        "critical path 4.6 us, idle 5.4 us"), lines[0]
+                        "critical path 4.6 us, idle 5.4 us (between steps 5.4 us)"), lines[0]
     by_name = {line.split()[0]: line.split() for line in lines[2:5]}
     assert by_name["q4d_gemv_kernel"][1:] == ["2.0", "2.05", "1.75", "3.5", "35.0%"], lines
     assert by_name["rmsnorm_q4d_kernel"][1:] == ["1.0", "0.50", "0.60", "0.6", "6.0%"], lines
     assert by_name["embed_kernel"][1:] == ["1.0", "0.50", "0.50", "0.5", "5.0%"], lines
-    listed = [line.split() for line in lines if line.endswith("q4d_gemv_kernel")]
+    tail = lines.index(next(x for x in lines if x.startswith("last step, its last")))
+    first = lines.index(next(x for x in lines if x.startswith("last step, first")))
+    # The step's rows (start, end, duration, grid) and the next step's marker, 10 us in.
+    assert [x.split()[0] for x in lines[tail + 1:first] if x] == \
+        ["0.00", "0.40", "2.00", "4.10", "10.00"], lines[tail:first]
+    listed = [x.split() for x in lines[first:] if x.endswith("q4d_gemv_kernel")]
     assert listed[0][:4] == ["0.40", "2.50", "2.10", "-0.10"], listed
 
     r = run(p, "--steps", "2")
     assert r.returncode == 0, r.stderr
     # Means over both steps: kernel time (4.3 + 5.1) / 2, critical path (4.0 + 4.6) / 2.
     assert r.stdout.splitlines()[0].endswith(
-        "wall 10.0 us (min 10.0), kernel time 4.7 us, critical path 4.3 us, idle 5.7 us"), r.stdout
+        "wall 10.0 us (min 10.0), kernel time 4.7 us, critical path 4.3 us, idle 5.7 us "
+        "(between steps 5.7 us)"), r.stdout
 
     write(p, step1)
     r = run(p)

@@ -79,6 +79,19 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   std::lock_guard<std::mutex> lock(r.mu);
   CUpti_Activity* rec = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
+    if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      // Copies join the timeline as rows named by direction and size (grid = bytes).
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
+      static const char* kinds[] = {"?",    "HtoD", "DtoH", "HtoA", "AtoH", "AtoA",
+                                    "AtoD", "DtoA", "DtoD", "HtoH", "PtoP"};
+      const char* kind = m->copyKind < 11 ? kinds[m->copyKind] : "?";
+      const bool pageable = m->srcKind == CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE ||
+                            m->dstKind == CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE;
+      std::string name = std::string("memcpy_") + kind + (pageable ? "_pageable" : "");
+      r.rows.push_back(KernelRow{m->start, m->end, m->graphNodeId, m->graphId, m->streamId,
+                                 r.intern(name.c_str()), static_cast<int>(m->bytes), 0, 0});
+      continue;
+    }
     if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
     uint32_t name = r.intern("?");
@@ -192,7 +205,8 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
   if (!check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed),
              "cuptiActivityRegisterCallbacks") ||
       !check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL),
-             "cuptiActivityEnable(CONCURRENT_KERNEL)")) {
+             "cuptiActivityEnable(CONCURRENT_KERNEL)") ||
+      !check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityEnable(MEMCPY)")) {
     return 0;
   }
   std::atexit(write_trace);

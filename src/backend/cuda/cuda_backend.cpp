@@ -4,6 +4,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
 #include "util/error.h"
@@ -73,6 +76,14 @@ CudaBackend::~CudaBackend() {
     if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
   }
   for (void* p : owned_) cudaFree(p);
+  for (PendingDownload& d : downloads_) {
+    if (d.staging != nullptr) cudaFreeHost(d.staging);
+    if (d.done != nullptr) cudaEventDestroy(d.done);
+  }
+  if (upload_ring_.host != nullptr) cudaFreeHost(upload_ring_.host);
+  for (CUevent_st* e : upload_ring_.left) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   cudaStreamDestroy(stream_);
 }
 
@@ -150,7 +161,33 @@ void CudaBackend::reserve_step_workspaces(const StepShape& shape) {
 }
 
 void CudaBackend::upload(void* dst, const void* src, size_t bytes) {
-  if (bytes) TM_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  if (!bytes) return;
+  // Large uploads (weights) and any inside a recording (which would replay from the ring's
+  // reused memory) copy from the caller's memory.
+  if (bytes > kUploadRingHalf || recording_) {
+    TM_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    return;
+  }
+  UploadRing& r = upload_ring_;
+  if (r.host == nullptr) {
+    TM_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&r.host), 2 * kUploadRingHalf,
+                          cudaHostAllocDefault));
+    for (CUevent_st*& e : r.left) {
+      cudaEvent_t ev = nullptr;
+      TM_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+      e = ev;
+    }
+  }
+  if (r.used + bytes > kUploadRingHalf) {
+    TM_CUDA(cudaEventRecord(r.left[r.half], stream_));
+    r.half ^= 1;
+    r.used = 0;
+    TM_CUDA(cudaEventSynchronize(r.left[r.half]));  // at once if never recorded
+  }
+  char* staged = r.host + static_cast<size_t>(r.half) * kUploadRingHalf + r.used;
+  std::memcpy(staged, src, bytes);
+  TM_CUDA(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, stream_));
+  r.used += (bytes + 255) & ~size_t{255};
 }
 
 // Synchronous with respect to the host: the caller reads `dst` right after.
@@ -158,6 +195,41 @@ void CudaBackend::download(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
   TM_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   TM_CUDA(cudaStreamSynchronize(stream_));
+}
+
+int64_t CudaBackend::begin_download(void* dst, const void* src, size_t bytes) {
+  TM_CHECK(!recording_, "begin_download inside a recording");
+  const int64_t ticket = next_ticket_++;
+  PendingDownload& d = downloads_[ticket % kDownloadSlots];
+  if (d.ticket >= 0) finish_download(d.ticket);  // the slot's earlier download, never finished
+  if (d.capacity < bytes) {
+    if (d.staging != nullptr) TM_CUDA(cudaFreeHost(d.staging));
+    d.staging = nullptr;
+    d.capacity = 0;
+    const size_t cap = std::max(bytes, size_t{4096});
+    TM_CUDA(cudaHostAlloc(&d.staging, cap, cudaHostAllocDefault));
+    d.capacity = cap;
+  }
+  if (d.done == nullptr) {
+    cudaEvent_t ev = nullptr;
+    TM_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    d.done = ev;
+  }
+  if (bytes) TM_CUDA(cudaMemcpyAsync(d.staging, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  TM_CUDA(cudaEventRecord(d.done, stream_));
+  d.dst = dst;
+  d.bytes = bytes;
+  d.ticket = ticket;
+  return ticket;
+}
+
+void CudaBackend::finish_download(int64_t ticket) {
+  TM_CHECK(ticket >= 0, "finish_download: invalid ticket {}", ticket);
+  PendingDownload& d = downloads_[ticket % kDownloadSlots];
+  TM_CHECK(d.ticket == ticket, "finish_download: ticket {} is not pending", ticket);
+  d.ticket = -1;
+  TM_CUDA(cudaEventSynchronize(d.done));
+  if (d.bytes) std::memcpy(d.dst, d.staging, d.bytes);
 }
 
 void CudaBackend::fill_zero(void* dst, size_t bytes) {
@@ -208,10 +280,12 @@ namespace tokenmill {
 
 void CudaBackend::begin_recording() {
   TM_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  recording_ = true;
 }
 
 int64_t CudaBackend::end_recording(bool keep) {
   cudaGraph_t graph = nullptr;
+  recording_ = false;
   const cudaError_t err = cudaStreamEndCapture(stream_, &graph);
   if (!keep || err != cudaSuccess) {
     if (graph) cudaGraphDestroy(graph);

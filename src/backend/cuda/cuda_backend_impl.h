@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
+struct CUevent_st;   // cudaEvent_t is CUevent_st*
 
 namespace tokenmill {
 
@@ -87,6 +88,8 @@ class CudaBackend final : public Backend {
   void free(void* p) override;
   void upload(void* dst, const void* src, size_t bytes) override;
   void download(void* dst, const void* src, size_t bytes) override;
+  int64_t begin_download(void* dst, const void* src, size_t bytes) override;
+  void finish_download(int64_t ticket) override;
   void fill_zero(void* dst, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
@@ -232,7 +235,33 @@ class CudaBackend final : public Backend {
   std::vector<void*> owned_;   // device allocations freed in the destructor
   AllocStats alloc_stats_;     // what alloc() holds (peak_allocated_bytes)
   std::vector<void*> graphs_;  // cudaGraphExec_t of recorded sequences, by id
-  float* attn_ws_ = nullptr;   // split-context attention partials (set_attention_workspace)
+  bool recording_ = false;     // between begin_recording and end_recording
+  // begin_download's pinned staging: a ring of slots, each reused once its ticket is finished
+  // (pinned memory lets the copy run after the ops before it without the host waiting).
+  struct PendingDownload {
+    void* staging = nullptr;  // pinned host memory of `capacity` bytes
+    size_t capacity = 0;
+    CUevent_st* done = nullptr;
+    void* dst = nullptr;
+    size_t bytes = 0;
+    int64_t ticket = -1;  // -1: the slot is free
+  };
+  static constexpr int kDownloadSlots = 4;
+  PendingDownload downloads_[kDownloadSlots];
+  int64_t next_ticket_ = 0;
+  // Small uploads (a step's tokens, positions, block tables) go through pinned memory: upload()
+  // returns once the bytes are staged and never waits for the device. Two halves; the host
+  // enters a half again only after the copies out of it have run (the event recorded when it
+  // left that half).
+  struct UploadRing {
+    char* host = nullptr;  // pinned, 2 * kUploadRingHalf bytes, allocated at the first use
+    int half = 0;
+    size_t used = 0;
+    CUevent_st* left[2] = {nullptr, nullptr};
+  };
+  UploadRing upload_ring_;
+  static constexpr size_t kUploadRingHalf = size_t{1} << 20;
+  float* attn_ws_ = nullptr;  // split-context attention partials (set_attention_workspace)
   size_t attn_ws_floats_ = 0;
   // Decode GEMV workspace (allocated once, in the constructor).
   cuda::GemvWorkspace gemv_ws_;

@@ -268,6 +268,98 @@ TEST_F(EngineTest, StepsAllocateNothing) {
   EXPECT_EQ(h.backend->peak_allocated_bytes(), peak);
 }
 
+// Overlapped greedy steps (EngineOptions::overlap_steps): the next decode step is launched
+// before the last one's ids are read, its tokens taken from them on the device. Stop tokens
+// (the overlapped row is discarded), length limits, a forced end of reasoning, a sampled
+// request beside greedy ones, requests arriving mid-decode and queued behind a full batch, and
+// preemption must give exactly what steps that wait for their results give.
+TEST_F(EngineTest, OverlappedStepsEqualWaitingSteps) {
+  Harness h(*dir_);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 7; ++i) prompts.push_back(random_ids(4 + 11 * i, h.vocab(), 500 + i));
+  const std::vector<int32_t> ref0 = reference_greedy(h, prompts[0], 14);
+  const std::vector<int32_t> ref1 = reference_greedy(h, prompts[1], 12);
+  const std::vector<int32_t> ref4 = reference_greedy(h, prompts[4], 1);
+  const std::vector<int32_t> ref6 = reference_greedy(h, prompts[6], 11);
+  // Request 1 stops at the first occurrence of its ninth greedy token (emitted, then done).
+  const int32_t stop = ref1[8];
+  const std::vector<int32_t> ref1_stop(ref1.begin(), std::find(ref1.begin(), ref1.end(), stop) + 1);
+  constexpr int32_t kThinkEnd = 1;  // random_ids never draws 0 or 1
+  // Set 0: every case at once (the sampled request's steps wait for their logits); set 1: the
+  // stop token alone beside a longer greedy request, so it comes while steps overlap.
+  auto requests = [&](int set) {
+    std::vector<GenerationRequest> rs;
+    rs.push_back(greedy(prompts[0], 14));
+    rs.push_back(greedy(prompts[1], 12));
+    rs.back().ignore_eos = false;
+    rs.back().stop_token_ids = {stop};
+    if (set == 1) return rs;
+    rs.push_back(greedy(prompts[2], 9));
+    rs.back().starts_in_reasoning = true;
+    rs.back().reasoning_budget = 3;
+    rs.back().think_end_token = kThinkEnd;
+    rs.push_back(greedy(prompts[3], 8));
+    rs.back().sampling.temperature = 0.8f;
+    rs.back().sampling.seed = 11;
+    rs.push_back(greedy(prompts[4], 1));
+    rs.push_back(greedy(prompts[5], 0));
+    rs.push_back(greedy(prompts[6], 11));
+    return rs;
+  };
+  for (int set : {0, 1}) {
+    for (int64_t blocks : {int64_t{0}, int64_t{12}}) {  // 12 blocks of 16: preemption
+      std::vector<std::vector<Collected>> got;
+      for (bool overlap : {false, true}) {
+        EngineOptions o;
+        o.max_seqs = 3;  // set 0's later requests queue behind a full batch
+        o.max_step_tokens = 32;
+        o.prefill_chunk = 16;
+        o.kv_blocks = blocks;
+        o.memory_budget_bytes = 64 << 20;
+        o.overlap_steps = overlap;
+        Engine e(*h.model, o);
+        std::vector<GenerationRequest> rs = requests(set);
+        std::vector<std::shared_ptr<RequestStream>> streams;
+        for (size_t i = 0; i < std::min<size_t>(3, rs.size()); ++i)
+          streams.push_back(e.submit(rs[i]));
+        while (set == 0 && e.stats().generated_tokens < 4)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        for (size_t i = 3; i < rs.size(); ++i) streams.push_back(e.submit(rs[i]));
+        got.emplace_back();
+        for (auto& st : streams) got.back().push_back(collect(*st));
+        const EngineStats stats = e.stats();
+        const std::string where = "set " + std::to_string(set) + " overlap " +
+                                  std::to_string(overlap) + " blocks " + std::to_string(blocks);
+        if (overlap) {
+          EXPECT_GT(stats.steps_overlapped, 0u) << where << ": no step overlapped";
+        } else {
+          EXPECT_EQ(stats.steps_overlapped, 0u) << where;
+        }
+        const auto& c = got.back();
+        EXPECT_EQ(c[0].tokens, ref0) << where;
+        EXPECT_EQ(c[0].reason, FinishReason::kLength) << where;
+        EXPECT_EQ(c[1].tokens, ref1_stop) << where;
+        EXPECT_EQ(c[1].reason, FinishReason::kStop) << where;
+        uint64_t total = 0;
+        for (const Collected& x : c) total += x.tokens.size();
+        EXPECT_EQ(stats.generated_tokens, total) << where << ": a discarded row was counted";
+        if (set == 1) continue;
+        ASSERT_EQ(c[2].tokens.size(), 9u) << where;
+        EXPECT_EQ(c[2].tokens[3], kThinkEnd) << where;  // three reasoning tokens, then forced
+        EXPECT_EQ(c[3].tokens.size(), 8u) << where;
+        EXPECT_EQ(c[4].tokens, ref4) << where;
+        EXPECT_TRUE(c[5].tokens.empty()) << where;
+        EXPECT_EQ(c[5].reason, FinishReason::kLength) << where;
+        EXPECT_EQ(c[6].tokens, ref6) << where;
+      }
+      for (size_t i = 0; i < got[0].size(); ++i) {
+        EXPECT_EQ(got[1][i].tokens, got[0][i].tokens) << "request " << i << " set " << set;
+        EXPECT_EQ(got[1][i].reason, got[0][i].reason) << "request " << i << " set " << set;
+      }
+    }
+  }
+}
+
 TEST_F(EngineTest, RejectsRequestsThatCanNeverRun) {
   Harness h(*dir_);
   EngineOptions o;
