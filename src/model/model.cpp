@@ -378,10 +378,19 @@ int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hid
   }
   backend_.set_attention_workspace(s_->attn_ws, s_->attn_ws_floats);
   Scratch& s = *s_;
-  auto up = [&](int32_t* dst, const std::vector<int32_t>& v) {
-    if (!v.empty()) backend_.upload(dst, v.data(), v.size() * 4);
-  };
-  up(s.tokens, batch.tokens);
+  // The step's index arrays in one upload: they lie in s.index in this order (ensure_scratch).
+  const std::vector<int32_t>* arrays[] = {
+      &batch.tokens,      &batch.positions, &batch.cu_seqlens, &batch.context_lens,
+      &batch.state_slots, tables,           &batch.logit_rows};
+  const int32_t* dests[] = {s.tokens, s.positions,    s.cu_seqlens, s.context_lens,
+                            s.slots,  s.block_tables, s.logit_rows};
+  index_staging_.assign(static_cast<size_t>(s.logit_rows - s.tokens) + batch.logit_rows.size(), 0);
+  for (size_t i = 0; i < std::size(arrays); ++i) {
+    const auto at = static_cast<size_t>(dests[i] - s.tokens);
+    TM_CHECK(at + arrays[i]->size() <= index_staging_.size(), "index array {} overruns", i);
+    std::copy(arrays[i]->begin(), arrays[i]->end(), index_staging_.begin() + at);
+  }
+  backend_.upload(s.tokens, index_staging_.data(), index_staging_.size() * sizeof(int32_t));
   // Tokens still on the device: copied from the last greedy step's ids, a run of consecutive
   // rows at a time (in a decode step that continues the last one, one copy).
   const auto& from_last = batch.tokens_from_last_step;
@@ -398,12 +407,6 @@ int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hid
                   (j - i) * sizeof(int32_t));
     i = j;
   }
-  up(s.positions, batch.positions);
-  up(s.cu_seqlens, batch.cu_seqlens);
-  up(s.context_lens, batch.context_lens);
-  up(s.slots, batch.state_slots);
-  up(s.block_tables, *tables);
-  up(s.logit_rows, batch.logit_rows);
   s.seqs.n_seqs = n;
   s.seqs.n_tokens = T;
   s.seqs.cu_seqlens = s.cu_seqlens;

@@ -144,6 +144,7 @@ class Model {
   };
   std::deque<LaunchedIds> launched_;
   int last_greedy_rows_ = 0;  // logit rows of the greedy step launched last (ids in s.greedy)
+  std::vector<int32_t> index_staging_;  // a step's index arrays, packed for one upload
   ModelOptions options_;
   // Recorded decode steps by shape: (sequences, block-table width, cache identity) -> id.
   std::vector<std::pair<std::vector<uint64_t>, int64_t>> recordings_;

@@ -64,6 +64,10 @@ CudaBackend::CudaBackend(int device, PrefillPrecision prefill_precision)
   owned_.push_back(gemv_ws_.counters);
   TM_CUDA(cudaMemset(gemv_ws_.counters, 0, counter_bytes));
   gemv_ws_.ticket = gemv_ws_.counters + gemv_ws_.max_warps;
+  const size_t argmax_bytes = static_cast<size_t>(2 * kArgmaxWsSlots + kArgmaxMaxRows) * 4;
+  argmax_ws_ = static_cast<float*>(alloc(argmax_bytes));
+  owned_.push_back(argmax_ws_);
+  TM_CUDA(cudaMemset(argmax_ws_, 0, argmax_bytes));
   init_gemm();
 }
 

@@ -236,6 +236,11 @@ class CudaBackend final : public Backend {
   AllocStats alloc_stats_;     // what alloc() holds (peak_allocated_bytes)
   std::vector<void*> graphs_;  // cudaGraphExec_t of recorded sequences, by id
   bool recording_ = false;     // between begin_recording and end_recording
+  // argmax_rows' workspace for rows split over several blocks: each chunk's value and index
+  // (kArgmaxWsSlots each) and a counter per row (zero at rest), allocated in the constructor.
+  static constexpr int64_t kArgmaxMaxRows = 1024;
+  static constexpr int64_t kArgmaxWsSlots = kArgmaxMaxRows * 32;  // cuda::kArgmaxMaxChunks
+  float* argmax_ws_ = nullptr;
   // begin_download's pinned staging: a ring of slots, each reused once its ticket is finished
   // (pinned memory lets the copy run after the ops before it without the host waiting).
   struct PendingDownload {

@@ -189,31 +189,55 @@ __global__ void scale_rows_sigmoid_kernel(float* x, const float* __restrict__ ga
   for (int j = threadIdx.x; j < dim; j += blockDim.x) x[r * dim + j] *= s;
 }
 
-// One block per row. Each thread keeps the first index of its largest non-NaN value over a strided
-// walk (four 16-byte loads in flight when the row is 16-byte aligned); candidates merge by
-// value, then lower index, so the result is util/argmax.h's whatever the thread count.
+// Rows split into gridDim.y chunks, one block per (row, chunk). Each thread keeps the first index
+// of its largest non-NaN value over a strided walk of its chunk (four 16-byte loads in flight when
+// the row is 16-byte aligned); candidates merge by value, then lower index, so the result is
+// util/argmax.h's whatever the thread and chunk counts. With several chunks, each block leaves
+// its candidate in `ws` and the row's last block (a ticket in `counters`, reset by that block)
+// merges them: a 248,320-wide row is read by 16 multiprocessors instead of one.
 constexpr int kArgmaxThreads = 1024;
+constexpr int kArgmaxMaxChunks = 32;
+constexpr int kArgmaxChunkCols = 16384;  // the columns a chunk gets at least
 __device__ __forceinline__ void argmax_take(float v, int i, float& bv, int& bi) {
   if (v > bv || (v == bv && i < bi)) bv = v, bi = i;  // NaN compares false: skipped
 }
+__device__ __forceinline__ void argmax_warp(float& bv, int& bi) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    argmax_take(ov, oi, bv, bi);
+  }
+}
+struct ArgmaxWs {
+  float* value;   // [rows, kArgmaxMaxChunks] each chunk's candidate
+  int* index;     // [rows, kArgmaxMaxChunks]
+  int* counters;  // [rows] blocks of the row done; zero at rest
+};
 __global__ void __launch_bounds__(kArgmaxThreads)
-    argmax_rows_kernel(const float* __restrict__ x, int cols, int32_t* __restrict__ out) {
+    argmax_rows_kernel(const float* __restrict__ x, int cols, int32_t* __restrict__ out,
+                       ArgmaxWs ws) {
   pdl_begin();
   __shared__ float sv[32];
   __shared__ int si[32];
-  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  __shared__ bool last;
+  const int r = static_cast<int>(blockIdx.x), chunk = static_cast<int>(blockIdx.y);
+  const int chunks = static_cast<int>(gridDim.y);
+  const float* row = x + static_cast<int64_t>(r) * cols;
+  // Chunk bounds on multiples of 4 columns, so an aligned row's chunks start aligned.
+  const int per = ((cols + chunks - 1) / chunks + 3) & ~3;
+  const int begin = min(cols, chunk * per), end = min(cols, begin + per);
   float bv = -INFINITY;
   int bi = INT_MAX;
-  int tail = 0;
+  int tail = begin;
   if (reinterpret_cast<uintptr_t>(row) % 16 == 0) {
-    const int n4 = cols / 4;
+    const int b4 = begin / 4, e4 = end / 4;
     const float4* r4 = reinterpret_cast<const float4*>(row);
-    for (int k = threadIdx.x; k < n4; k += 4 * blockDim.x) {
+    for (int k = b4 + static_cast<int>(threadIdx.x); k < e4; k += 4 * blockDim.x) {
       float4 v[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int kk = k + u * static_cast<int>(blockDim.x);
-        v[u] = kk < n4 ? r4[kk] : make_float4(NAN, NAN, NAN, NAN);
+        v[u] = kk < e4 ? r4[kk] : make_float4(NAN, NAN, NAN, NAN);
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
@@ -224,29 +248,40 @@ __global__ void __launch_bounds__(kArgmaxThreads)
         argmax_take(v[u].w, i + 3, bv, bi);
       }
     }
-    tail = 4 * n4;
+    tail = 4 * e4;
   }
-  for (int i = tail + threadIdx.x; i < cols; i += blockDim.x) argmax_take(row[i], i, bv, bi);
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    argmax_take(ov, oi, bv, bi);
-  }
+  for (int i = tail + static_cast<int>(threadIdx.x); i < end; i += blockDim.x)
+    argmax_take(row[i], i, bv, bi);
+  argmax_warp(bv, bi);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) sv[warp] = bv, si[warp] = bi;
   __syncthreads();
-  if (warp == 0) {
-    const int warps = static_cast<int>(blockDim.x) / 32;
-    bv = lane < warps ? sv[lane] : -INFINITY;
-    bi = lane < warps ? si[lane] : INT_MAX;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      argmax_take(ov, oi, bv, bi);
+  if (warp != 0) return;
+  const int warps = static_cast<int>(blockDim.x) / 32;
+  bv = lane < warps ? sv[lane] : -INFINITY;
+  bi = lane < warps ? si[lane] : INT_MAX;
+  argmax_warp(bv, bi);
+  if (chunks > 1) {
+    if (lane == 0) {
+      ws.value[r * kArgmaxMaxChunks + chunk] = bv;
+      ws.index[r * kArgmaxMaxChunks + chunk] = bi;
+      __threadfence();  // the candidate is visible before the ticket counts it
+      last = atomicAdd(&ws.counters[r], 1) == chunks - 1;
     }
-    // Index 0 when row[0] is NaN, or when every value is NaN (std::max_element's choice).
-    if (lane == 0) out[blockIdx.x] = row[0] != row[0] || bi == INT_MAX ? 0 : bi;
+    __syncwarp();
+    if (!last) return;
+    __threadfence();
+    bv = -INFINITY;
+    bi = INT_MAX;
+    if (lane < chunks) {
+      bv = __ldcg(&ws.value[r * kArgmaxMaxChunks + lane]);
+      bi = __ldcg(&ws.index[r * kArgmaxMaxChunks + lane]);
+    }
+    argmax_warp(bv, bi);
+    if (lane == 0) ws.counters[r] = 0;
   }
+  // Index 0 when row[0] is NaN, or when every value is NaN (std::max_element's choice).
+  if (lane == 0) out[r] = row[0] != row[0] || bi == INT_MAX ? 0 : bi;
 }
 
 __global__ void gdn_gates_kernel(const float* __restrict__ a, const float* __restrict__ b,
@@ -409,8 +444,15 @@ void CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t cols, int32_
   TM_CUDA_REQUIRE(cols >= 1 && cols <= INT32_MAX / 2 && rows <= INT32_MAX,
                   "argmax_rows: rows of 1..2^30 values");
   if (rows <= 0) return;
-  cuda::launch_pdl(cuda::argmax_rows_kernel, static_cast<unsigned>(rows), cuda::kArgmaxThreads, 0,
-                   stream_, x, static_cast<int>(cols), out);
+  // Rows beyond the workspace's take one block each.
+  const int64_t chunks = rows > kArgmaxMaxRows ? 1
+                                               : std::clamp<int64_t>(cols / cuda::kArgmaxChunkCols,
+                                                                     1, cuda::kArgmaxMaxChunks);
+  const cuda::ArgmaxWs ws{argmax_ws_, reinterpret_cast<int*>(argmax_ws_) + kArgmaxWsSlots,
+                          reinterpret_cast<int*>(argmax_ws_) + 2 * kArgmaxWsSlots};
+  cuda::launch_pdl(cuda::argmax_rows_kernel,
+                   dim3(static_cast<unsigned>(rows), static_cast<unsigned>(chunks)),
+                   cuda::kArgmaxThreads, 0, stream_, x, static_cast<int>(cols), out, ws);
   TM_CUDA_LAUNCHED();
 }
 
