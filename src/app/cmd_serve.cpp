@@ -187,6 +187,7 @@ void run_server(const ServeOptions& o) {
     eo.max_step_tokens = steps.max_step_tokens;
     eo.prefill_chunk = steps.prefill_chunk;
     eo.prefer_decode = settings.limits.prefer_decode;
+    eo.overlap_steps = settings.limits.overlap_steps;
     eo.kv_block_size = settings.cache.kv_block_size;
     eo.max_context = ms.context_window;
     eo.kv_dtype = kv_dtype_of(ms.kv_cache_dtype, *be.backend);

@@ -215,6 +215,7 @@ Settings parse_settings(const std::string& text, const std::string& file) {
     if (auto v = l->integer("max_step_tokens", 1, 1 << 20)) s.limits.max_step_tokens = int(*v);
     if (auto v = l->integer("prefill_chunk", 1, 1 << 20)) s.limits.prefill_chunk = int(*v);
     if (auto v = l->boolean("prefer_decode")) s.limits.prefer_decode = *v;
+    if (auto v = l->boolean("overlap_steps")) s.limits.overlap_steps = *v;
     if (auto v = l->integer("max_n", 1, 128)) s.limits.max_n = int(*v);
     if (s.limits.max_step_tokens > 0 && s.limits.prefill_chunk > s.limits.max_step_tokens) {
       l->error("prefill_chunk", fmt::format("({}) conflicts with limits.max_step_tokens ({}): a "

@@ -8,7 +8,8 @@
 //               "request_timeout_s"},
 //    "auth":   {"api_key" | "api_key_env"},
 //    "limits": {"max_seqs", "max_queue", "max_step_tokens", "prefill_chunk", "prefer_decode",
-//               "max_n"},  (step sizes left out: sized for the device, step_limits_for)
+//               "overlap_steps", "max_n"},  (step sizes left out: sized for the device,
+//               step_limits_for)
 //    "cache":  {"memory_budget_mb", "kv_block_size", "prefix_cache"},  (budget left out: sized
 //               for the device, cache_budget_for)
 //    "models": [ "DIR" | {"path": "DIR", "settings_file": "FILE", <model keys>} ],
@@ -78,6 +79,8 @@ struct LimitsSection {
   int max_step_tokens = 0;
   int prefill_chunk = 0;
   bool prefer_decode = true;
+  // Greedy decode steps launched while the step before runs (EngineOptions::overlap_steps).
+  bool overlap_steps = true;
   int max_n = 16;  // largest n (choices) per request
 };
 

@@ -165,6 +165,21 @@ test('cached_tokens tells the truth: 0 without a prefix cache', async () => {
   assert.equal(m.totals.cached_prompt_tokens, 0);
 });
 
+test('greedy decode steps overlap through the server', async () => {
+  // Plain greedy rows (no penalty: the demo's generation_config sets one) are launched behind
+  // the step before; the engine tests check the tokens equal those of steps that wait.
+  const totals = async () => (await status()).models.find((x) => x.name === MODEL).totals;
+  const before = await totals();
+  const r = await openai.chat.completions.create({
+    ...GREEDY, max_tokens: 16, repetition_penalty: 1, ...NO_THINK, messages: USER,
+  });
+  assert.ok(r.usage.completion_tokens >= 1);
+  const after = await totals();
+  assert.equal(typeof after.steps_overlapped, 'number');
+  assert.ok(after.steps_overlapped > before.steps_overlapped, JSON.stringify([before, after]));
+  assert.ok(after.steps_overlapped - before.steps_overlapped <= after.steps - before.steps);
+});
+
 test('generation_config.json sampling defaults apply to requests that set none', async () => {
   // The demo's file sets repetition_penalty 1.1: a greedy request without one must decode as
   // with 1.1 given explicitly, and (on these weights) differently from 1.0.

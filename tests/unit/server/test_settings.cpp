@@ -61,7 +61,7 @@ TEST(Settings, FullFileParses) {
                "max_body_bytes": 4096, "request_timeout_s": 30},
     "auth": {"api_key": "sk-1"},
     "limits": {"max_seqs": 4, "max_queue": 10, "max_step_tokens": 128, "prefill_chunk": 64,
-               "prefer_decode": false, "max_n": 2},
+               "prefer_decode": false, "overlap_steps": false, "max_n": 2},
     "cache": {"memory_budget_mb": 512, "kv_block_size": 32, "prefix_cache": false},
     "models": ["/m/a", {"path": "/m/b", "name": "bee", "context_window": 4096,
                "max_output_tokens": 1024, "sampling": {"temperature": 0.6, "top_k": 20},
@@ -74,6 +74,9 @@ TEST(Settings, FullFileParses) {
   EXPECT_EQ(s.server.keepalive_interval_ms, 250);
   EXPECT_EQ(s.auth.api_key, "sk-1");
   EXPECT_EQ(s.limits.prefill_chunk, 64);
+  EXPECT_FALSE(s.limits.prefer_decode);
+  EXPECT_FALSE(s.limits.overlap_steps);
+  EXPECT_TRUE(Settings{}.limits.overlap_steps);
   EXPECT_FALSE(s.cache.prefix_cache);
   ASSERT_EQ(s.models.size(), 2u);
   EXPECT_EQ(s.models[0].name, "a");
@@ -193,6 +196,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{R"({"auth": {"key": "a"}})", {"auth.key: unknown key"}},
         BadCase{R"({"limits": {"max_seqs": 0}})", {"limits.max_seqs", "between 1"}},
         BadCase{R"({"limits": {"prefer_decode": 1}})", {"limits.prefer_decode", "true or false"}},
+        BadCase{R"({"limits": {"overlap_steps": "yes"}})",
+                {"limits.overlap_steps", "true or false"}},
         BadCase{R"({"limits": {"max_step_tokens": 64, "prefill_chunk": 128}})",
                 {"limits.prefill_chunk", "conflicts with limits.max_step_tokens"}},
         BadCase{R"({"cache": {"kv_block_size": 0}})", {"cache.kv_block_size"}},
