@@ -183,6 +183,14 @@ class Backend {
     return 0;
   }
   virtual void finish_download(int64_t ticket) { (void)ticket; }
+  // Page-locks host memory that downloads will write (a step's logits), so a device copies into
+  // it at full speed instead of through pageable staging; unregister_host before it is freed or
+  // moved. No-ops where there is nothing to lock.
+  virtual void register_host(void* p, size_t bytes) {
+    (void)p;
+    (void)bytes;
+  }
+  virtual void unregister_host(void* p) { (void)p; }
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // backend to backend
   virtual void synchronize() = 0;

@@ -46,6 +46,8 @@ class ProfilingBackend final : public Backend {
     return in_.begin_download(dst, src, bytes);
   }
   void finish_download(int64_t ticket) override { in_.finish_download(ticket); }
+  void register_host(void* p, size_t bytes) override { in_.register_host(p, bytes); }
+  void unregister_host(void* p) override { in_.unregister_host(p); }
   void fill_zero(void* dst, size_t bytes) override { in_.fill_zero(dst, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { in_.copy(dst, src, bytes); }
   void synchronize() override { in_.synchronize(); }

@@ -41,7 +41,14 @@ struct Engine::Impl {
   // Engine-thread state.
   std::deque<std::unique_ptr<Sequence>> waiting;
   std::vector<std::unique_ptr<Sequence>> running;
+  // A step's logits on the host, page-locked (Backend::register_host) while they fit
+  // kLockedLogitsBytes, so a step that samples 64 rows of a 248k vocabulary (64 MB) downloads
+  // at the link's speed, not through pageable staging.
   std::vector<float> logits;
+  float* logits_locked = nullptr;  // the registered buffer (logits.data()), or null
+  size_t logits_locked_floats = 0;
+  bool lock_refused = false;  // the system refused to lock it once: stay pageable
+  static constexpr size_t kLockedLogitsBytes = size_t{256} << 20;
   std::vector<int32_t> greedy_ids;  // a step's argmax per logit row (Model::collect_greedy)
   // A greedy step launched and not yet collected (at most one): per plan entry its sequence,
   // its logit row, and where its token goes (an index of s.tokens holding kPendingToken; -1:
@@ -68,6 +75,10 @@ struct Engine::Impl {
   std::thread thread;
 
   Impl(Model& m, const EngineOptions& o) : model(m), opt(o) {}
+  ~Impl() { unlock_logits(); }
+  // Sizes `logits` for a step of `floats` logits, page-locked when they fit.
+  void prepare_logits(size_t floats);
+  void unlock_logits();
   void loop();
   void step();
   // Done sequences leave running/waiting (into retired while a step is in flight).
@@ -275,6 +286,40 @@ void Engine::Impl::finish(Sequence& s, FinishReason why, const std::string& erro
   release(s);
 }
 
+void Engine::Impl::prepare_logits(size_t floats) {
+  // Model::forward resizes `logits` to `floats`: within the locked capacity it stays put.
+  if (floats <= logits_locked_floats) return;
+  unlock_logits();
+  // A long prompt scored stays pageable.
+  if (lock_refused || floats * sizeof(float) > kLockedLogitsBytes) return;
+  const size_t want =
+      std::min(std::max(floats, 2 * logits.size()), kLockedLogitsBytes / sizeof(float));
+  logits.resize(want);
+  try {
+    model.backend().register_host(logits.data(), want * sizeof(float));
+  } catch (const std::exception& e) {
+    // E.g. a memory-lock limit: slower downloads, the same results.
+    log::warn("page-locking {} MB for logits failed, downloading through pageable memory: {}",
+              want * sizeof(float) >> 20, e.what());
+    lock_refused = true;
+    return;
+  }
+  logits_locked = logits.data();
+  logits_locked_floats = want;
+}
+
+void Engine::Impl::unlock_logits() {
+  if (logits_locked == nullptr) return;
+  float* p = logits_locked;
+  logits_locked = nullptr;
+  logits_locked_floats = 0;
+  try {
+    model.backend().unregister_host(p);
+  } catch (const std::exception& e) {
+    log::error("unlocking the logits buffer failed: {}", e.what());
+  }
+}
+
 void Engine::Impl::abandon_launched() {
   launched.reset();
   try {
@@ -427,6 +472,7 @@ void Engine::Impl::step() {
     return;
   }
   TM_CHECK(!launched, "a step that needs logits was scheduled behind a launched step");
+  prepare_logits(batch.logit_rows.size() * static_cast<size_t>(model.config().vocab_size));
   model.forward(batch, cache->views(), &logits);
   const int V = static_cast<int>(model.config().vocab_size);
   presampled.assign(plan.entries.size(), -1);

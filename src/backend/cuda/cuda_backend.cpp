@@ -236,6 +236,14 @@ void CudaBackend::finish_download(int64_t ticket) {
   if (d.bytes) std::memcpy(d.dst, d.staging, d.bytes);
 }
 
+void CudaBackend::register_host(void* p, size_t bytes) {
+  if (p != nullptr && bytes > 0) TM_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+}
+
+void CudaBackend::unregister_host(void* p) {
+  if (p != nullptr) TM_CUDA(cudaHostUnregister(p));
+}
+
 void CudaBackend::fill_zero(void* dst, size_t bytes) {
   if (bytes) TM_CUDA(cudaMemsetAsync(dst, 0, bytes, stream_));
 }

@@ -90,6 +90,8 @@ class CudaBackend final : public Backend {
   void download(void* dst, const void* src, size_t bytes) override;
   int64_t begin_download(void* dst, const void* src, size_t bytes) override;
   void finish_download(int64_t ticket) override;
+  void register_host(void* p, size_t bytes) override;
+  void unregister_host(void* p) override;
   void fill_zero(void* dst, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;

@@ -203,5 +203,79 @@ TEST(CudaEngine, StepsAllocateNothing) {
   }
 }
 
+// Overlapped greedy steps on the device: each step's tokens are copied from the last step's
+// argmax on the device, behind recorded steps that replay. The same requests run with steps that
+// wait for their results must give the same tokens (the kernels give the same bits every
+// launch); a sampled request beside them takes the logits path (page-locked downloads).
+TEST(CudaEngine, OverlappedStepsEqualWaitingSteps) {
+  TM_REQUIRE_CUDA_DEVICE();
+  SyntheticSpec spec;
+  spec.vocab = 1024;
+  spec.hidden = 256;
+  spec.intermediate = 512;
+  spec.head_dim = 128;
+  spec.k_dim = 64;
+  spec.v_dim = 64;
+  spec.bits = 4;
+  auto gpu = make_cuda_backend(0);
+  auto model = Model::from_checkpoint(
+      std::make_unique<Checkpoint>(synthetic_checkpoint_in_memory(spec, "overlap")), *gpu);
+  const auto request = [&](int len, int max_tokens, uint32_t seed, float temperature) {
+    Rng rng(seed);
+    GenerationRequest r;
+    for (int i = 0; i < len; ++i) r.prompt.push_back(rng.integer(2, 1000));
+    r.sampling.temperature = temperature;
+    r.sampling.seed = seed;
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    return r;
+  };
+  std::vector<std::vector<std::vector<int32_t>>> got;
+  for (bool overlap : {false, true}) {
+    EngineOptions o;
+    o.max_seqs = 4;
+    o.max_step_tokens = 128;
+    o.prefill_chunk = 64;
+    o.max_context = 1024;
+    o.memory_budget_bytes = 64 << 20;
+    o.overlap_steps = overlap;
+    Engine e(*model, o);
+    // Four greedy requests (batched decode, recorded), then one sampled beside two greedy.
+    std::vector<std::vector<GenerationRequest>> waves = {
+        {request(150, 40, 1, 0), request(90, 33, 2, 0), request(30, 40, 3, 0),
+         request(7, 21, 4, 0)},
+        {request(50, 20, 5, 0.8f), request(60, 30, 6, 0), request(5, 25, 7, 0)}};
+    got.emplace_back();
+    for (auto& wave : waves) {
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      for (auto& r : wave) streams.push_back(e.submit(std::move(r)));
+      for (auto& st : streams) {
+        std::vector<int32_t> tokens;
+        bool done = false;
+        while (!done) {
+          for (TokenEvent& ev : st->wait(std::chrono::milliseconds(100))) {
+            if (ev.token >= 0) tokens.push_back(ev.token);
+            if (ev.finished) {
+              EXPECT_EQ(ev.finish_reason, FinishReason::kLength);
+              done = true;
+            }
+          }
+        }
+        got.back().push_back(std::move(tokens));
+      }
+    }
+    if (overlap) {
+      EXPECT_GT(e.stats().steps_overlapped, 0u);
+    } else {
+      EXPECT_EQ(e.stats().steps_overlapped, 0u);
+    }
+  }
+  ASSERT_EQ(got[0].size(), 7u);
+  for (size_t i = 0; i < got[0].size(); ++i) {
+    EXPECT_FALSE(got[0][i].empty()) << "request " << i;
+    EXPECT_EQ(got[1][i], got[0][i]) << "request " << i;
+  }
+}
+
 }  // namespace
 }  // namespace tokenmill::cudatest
