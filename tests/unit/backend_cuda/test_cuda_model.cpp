@@ -131,6 +131,32 @@ TEST(CudaDemoModel, Bf16KvCacheMatchesCpu) {
   EXPECT_LT(worst, kLogprobTol);
 }
 
+// A small dense 4-bit model for the engine tests (vocabulary 1,024, hidden 256).
+SyntheticSpec small_engine_spec() {
+  SyntheticSpec spec;
+  spec.vocab = 1024;
+  spec.hidden = 256;
+  spec.intermediate = 512;
+  spec.head_dim = 128;
+  spec.k_dim = 64;
+  spec.v_dim = 64;
+  spec.bits = 4;
+  return spec;
+}
+
+// A request of `len` random prompt tokens that runs to max_tokens (temperature 0: greedy; the
+// seed also seeds its sampler).
+GenerationRequest random_request(int len, int max_tokens, uint32_t seed, float temperature) {
+  Rng rng(seed);
+  GenerationRequest r;
+  for (int i = 0; i < len; ++i) r.prompt.push_back(rng.integer(2, 1000));
+  r.sampling.temperature = temperature;
+  r.sampling.seed = seed;
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
 // The engine's twin of EngineTest.StepsAllocateNothing on the device: with the largest step
 // reserved when the engine is built, steps allocate nothing. The shapes reach every workspace
 // that grows with a step: the prefill GEMM's F16 activations (steps above 16 rows, the routed
@@ -140,14 +166,7 @@ TEST(CudaDemoModel, Bf16KvCacheMatchesCpu) {
 TEST(CudaEngine, StepsAllocateNothing) {
   TM_REQUIRE_CUDA_DEVICE();
   constexpr int kStep = 160;
-  SyntheticSpec dense;
-  dense.vocab = 1024;
-  dense.hidden = 256;
-  dense.intermediate = 512;
-  dense.head_dim = 128;
-  dense.k_dim = 64;
-  dense.v_dim = 64;
-  dense.bits = 4;
+  const SyntheticSpec dense = small_engine_spec();
   SyntheticSpec moe = dense;
   moe.moe = true;
   moe.bits = 0;
@@ -181,14 +200,8 @@ TEST(CudaEngine, StepsAllocateNothing) {
         EXPECT_EQ(why, FinishReason::kLength) << label;
       }
     };
-    const auto request = [&](int len, int max_tokens, uint32_t seed) {
-      Rng rng(seed);
-      GenerationRequest r;
-      for (int i = 0; i < len; ++i) r.prompt.push_back(rng.integer(2, 1000));
-      r.sampling.temperature = 0;
-      r.max_tokens = max_tokens;
-      r.ignore_eos = true;
-      return r;
+    const auto request = [](int len, int max_tokens, uint32_t seed) {
+      return random_request(len, max_tokens, seed, 0.0f);
     };
     // One step of max_step_tokens rows, every one a logit row; then four sequences: chunked
     // prefills beside decodes, then batched (recorded) decode.
@@ -209,27 +222,11 @@ TEST(CudaEngine, StepsAllocateNothing) {
 // launch); a sampled request beside them takes the logits path (page-locked downloads).
 TEST(CudaEngine, OverlappedStepsEqualWaitingSteps) {
   TM_REQUIRE_CUDA_DEVICE();
-  SyntheticSpec spec;
-  spec.vocab = 1024;
-  spec.hidden = 256;
-  spec.intermediate = 512;
-  spec.head_dim = 128;
-  spec.k_dim = 64;
-  spec.v_dim = 64;
-  spec.bits = 4;
+  const SyntheticSpec spec = small_engine_spec();
   auto gpu = make_cuda_backend(0);
   auto model = Model::from_checkpoint(
       std::make_unique<Checkpoint>(synthetic_checkpoint_in_memory(spec, "overlap")), *gpu);
-  const auto request = [&](int len, int max_tokens, uint32_t seed, float temperature) {
-    Rng rng(seed);
-    GenerationRequest r;
-    for (int i = 0; i < len; ++i) r.prompt.push_back(rng.integer(2, 1000));
-    r.sampling.temperature = temperature;
-    r.sampling.seed = seed;
-    r.max_tokens = max_tokens;
-    r.ignore_eos = true;
-    return r;
-  };
+  const auto request = random_request;
   std::vector<std::vector<std::vector<int32_t>>> got;
   for (bool overlap : {false, true}) {
     EngineOptions o;
