@@ -297,13 +297,6 @@ void Model::forward(const Batch& batch, const CacheViews& caches, std::vector<fl
   }
 }
 
-void Model::forward_greedy(const Batch& batch, const CacheViews& caches,
-                           std::vector<int32_t>* ids) {
-  TM_CHECK(launched_.empty(), "forward_greedy while launched steps are not collected");
-  launch_greedy(batch, caches);
-  collect_greedy(ids);
-}
-
 void Model::launch_greedy(const Batch& batch, const CacheViews& caches) {
   TM_CHECK(static_cast<int>(launched_.size()) < kMaxLaunched,
            "more than {} greedy steps launched and not collected", kMaxLaunched);

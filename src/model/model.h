@@ -64,14 +64,13 @@ class Model {
                std::vector<float>* hidden = nullptr);
   // The same forward, but only each logit row's argmax leaves the device (util/argmax.h; ids
   // [batch.logit_rows.size()] in host memory): what greedy decoding needs, without downloading
-  // and scanning rows x vocab logits on the host.
-  void forward_greedy(const Batch& batch, const CacheViews& caches, std::vector<int32_t>* ids);
-  // forward_greedy in two halves, so the host can prepare and launch the next step while this
-  // one runs: launch_greedy issues the step (its ids' copy to the host included) and returns
-  // without waiting where the backend runs asynchronously; collect_greedy waits for the ids of
-  // the oldest launched step not yet collected. The next batch may take tokens from the ids of
-  // the step launched last (Batch::tokens_from_last_step). At most kMaxLaunched steps are
-  // launched and not collected; discard_launched() drops them (after a failure).
+  // and scanning rows x vocab logits on the host. In two halves, so the host can prepare and
+  // launch the next step while this one runs: launch_greedy issues the step (its ids' copy to
+  // the host included) and returns without waiting where the backend runs asynchronously;
+  // collect_greedy waits for the ids of the oldest launched step not yet collected. The next batch
+  // may take tokens from the ids of the step launched last (Batch::tokens_from_last_step). At most
+  // kMaxLaunched steps are launched and not collected; discard_launched() drops them (after a
+  // failure).
   void launch_greedy(const Batch& batch, const CacheViews& caches);
   void collect_greedy(std::vector<int32_t>* ids);
   void discard_launched();

@@ -109,7 +109,7 @@ TEST_F(EngineTest, ConcurrentChunkedPreemptedEqualsReference) {
   }
 }
 
-// A step of plain greedy rows takes only the argmax ids from the backend (forward_greedy); a step
+// A step of plain greedy rows takes only the argmax ids from the backend (launch_greedy); a step
 // with a row that asks for logprobs downloads the logits. Both pick the reference's tokens,
 // alone and mixed in one step.
 TEST_F(EngineTest, GreedyIdsAndLogitsStepsAgree) {
