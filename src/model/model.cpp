@@ -196,8 +196,7 @@ bool Model::ensure_scratch(int T, int n_seqs, int R, int pass, int max_blocks,
   s.block_tables = p;
   p += static_cast<size_t>(n_seqs) * max_blocks;
   s.logit_rows = p;
-  if (R > s.greedy_rows) {
-    moved = true;
+  if (R > s.greedy_rows) {  // not recorded (the argmax runs after a replay): no moved flag
     if (s.greedy) backend_.free(s.greedy);
     s.greedy_rows = std::max(R, 64);
     s.greedy = static_cast<int32_t*>(backend_.alloc(static_cast<size_t>(s.greedy_rows) * 4));
@@ -362,11 +361,12 @@ int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hid
   *recorded = record;
   const size_t attn_ws =
       backend_.attention_workspace_floats(T, cfg_.num_heads, cfg_.head_dim, width * block_size);
-  if (ensure_scratch(T, n, R, pass, width, attn_ws)) {
-    forget_recordings();
-    // The last step's ids moved with the scratch: nothing can read them any more.
+  const int32_t* greedy_before = s_->greedy;
+  if (ensure_scratch(T, n, R, pass, width, attn_ws)) forget_recordings();
+  if (s_->greedy != greedy_before) {
+    // The last step's ids went with the old buffer: nothing can read them any more.
     TM_CHECK(batch.tokens_from_last_step.empty(),
-             "a step that continues the last one outgrew the reserved scratch");
+             "a step that continues the last one outgrew the reserved greedy ids");
     last_greedy_rows_ = 0;
   }
   backend_.set_attention_workspace(s_->attn_ws, s_->attn_ws_floats);
