@@ -161,7 +161,7 @@ fi
 if want sanitizer; then
   stage sanitizer 120 compute-sanitizer --tool memcheck --error-exitcode 3 \
     "$T/tm_test_backend_cuda" \
-    --gtest_filter='CudaOps.*:CudaAttention.*:CudaGdn.*:CudaMoe.*:CudaLinear.StackedExperts*:CudaLinear.MultiMatches*:CudaLinear.Q4Decode*:CudaLinear.ManyTiles*'
+    --gtest_filter='CudaOps.*:CudaPick.*:CudaAttention.*:CudaGdn.*:CudaMoe.*:CudaLinear.StackedExperts*:CudaLinear.MultiMatches*:CudaLinear.Q4Decode*:CudaLinear.ManyTiles*'
   grep -E "ERROR SUMMARY|FAILED|PASSED" "$OUT/sanitizer.log" 2>/dev/null | head -5 >> "$SUMMARY"
 fi
 note "gpu_test done in $(( $(date +%s) - START ))s"

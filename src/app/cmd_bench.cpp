@@ -229,7 +229,7 @@ void bench_command(BenchOptions o) {
   std::printf("  steps: %llu, %llu of them launched while the step before ran (%s)\n",
               static_cast<unsigned long long>(es.steps),
               static_cast<unsigned long long>(es.steps_overlapped),
-              o.no_overlap ? "--no-overlap" : "overlapped greedy steps");
+              o.no_overlap ? "--no-overlap" : "overlapped steps");
   if (backend.can_record()) {  // backends that replay recorded steps (CUDA graphs)
     const Model::RecordStats& rs = model->record_stats();
     std::printf("  decode steps recorded (CUDA graphs): %lld recordings in %.3f s, %lld replays\n",

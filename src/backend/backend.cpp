@@ -25,6 +25,16 @@ size_t Weight::bytes_per_matrix() const {
   return packed + 2 * groups * dtype_size(scale_dtype);
 }
 
+void Backend::pick_tokens(const float* x, int64_t rows, int64_t cols, const TokenPick* picks,
+                          int32_t* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    TM_CHECK(can_pick(picks[r], cols),
+             "pick_tokens: backend {} cannot sample row {} (temperature {}, top_k {})", name(), r,
+             picks[r].temperature, picks[r].top_k);
+  }
+  argmax_rows(x, rows, cols, out);
+}
+
 void Backend::add_shared_expert(const float* x, int64_t n, const SharedExpert& shared, float* out,
                                 float* scratch) {
   const int64_t inter = shared.gate->rows, hidden = shared.down->rows;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tensor/dtype.h"
+#include "util/token_pick.h"
 
 namespace tokenmill {
 
@@ -262,6 +263,18 @@ class Backend {
   // skipped except at index 0) for r < rows. Greedy decoding then downloads one id per row
   // instead of rows x vocab logits and scanning them on the host.
   virtual void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out) = 0;
+  // out[r] = the token picks[r] takes from row r of x[rows, cols] (util/token_pick.h: the argmax
+  // for a greedy pick, the seeded min-p / top-k / top-p draw otherwise) for r < rows, each pick
+  // one can_pick() accepts. `picks` is host memory, read before the call returns. A step whose
+  // rows are all picked here downloads one id per row, not rows x vocab logits. The default
+  // takes greedy picks only (argmax_rows).
+  virtual void pick_tokens(const float* x, int64_t rows, int64_t cols, const TokenPick* picks,
+                           int32_t* out);
+  // Whether pick_tokens makes `pick` over rows of `cols` logits. The default: greedy picks only.
+  virtual bool can_pick(const TokenPick& pick, int64_t cols) const {
+    (void)cols;
+    return pick.greedy();
+  }
 
   // ---- matrices ----
   // out[n, w.rows] = x[n, w.cols] @ W^T (F32 accumulation). For stacked weights, `expert`

@@ -74,6 +74,13 @@ void ProfilingBackend::scale_rows_sigmoid(float* x, const float* gate, int64_t r
 void ProfilingBackend::argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out) {
   timed("argmax_rows", rows, [&] { in_.argmax_rows(x, rows, cols, out); });
 }
+void ProfilingBackend::pick_tokens(const float* x, int64_t rows, int64_t cols,
+                                   const TokenPick* picks, int32_t* out) {
+  timed("pick_tokens", rows, [&] { in_.pick_tokens(x, rows, cols, picks, out); });
+}
+bool ProfilingBackend::can_pick(const TokenPick& pick, int64_t cols) const {
+  return in_.can_pick(pick, cols);
+}
 void ProfilingBackend::linear(const float* x, int64_t n, const Weight& w, float* out, int expert) {
   timed("linear " + weight_label(w), n, [&] { in_.linear(x, n, w, out, expert); });
 }

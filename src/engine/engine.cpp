@@ -49,8 +49,9 @@ struct Engine::Impl {
   size_t logits_locked_floats = 0;
   bool lock_refused = false;  // the system refused to lock it once: stay pageable
   static constexpr size_t kLockedLogitsBytes = size_t{256} << 20;
-  std::vector<int32_t> greedy_ids;  // a step's argmax per logit row (Model::collect_greedy)
-  // A greedy step launched and not yet collected (at most one): per plan entry its sequence,
+  std::vector<int32_t> picked_ids;  // a step's token per logit row (Model::collect_picks)
+  std::vector<TokenPick> picks;     // how each logit row of an ids-only step is picked
+  // A step launched and not yet collected (at most one): per plan entry its sequence,
   // its logit row, and where its token goes (an index of s.tokens holding kPendingToken; -1:
   // none) when `outputs` (its prefill is complete after the step). While it runs, the next step
   // can be scheduled and launched behind it, taking those tokens from the device.
@@ -85,7 +86,10 @@ struct Engine::Impl {
   void prune();
   // Whether the next step can be scheduled while the launched one runs (see step()).
   bool can_continue() const;
-  // After launching a greedy step: caches advanced, a pending token per completed prefill.
+  // Whether the sequence's next token can be picked next to the logits (Backend::pick_tokens):
+  // no logprobs, prompt scoring, constraint or penalties, and a pick the backend makes.
+  bool picks_on_device(const Sequence& s) const;
+  // After launching an ids-only step: caches advanced, a pending token per completed prefill.
   Launched advance(const std::vector<StepEntry>& entries);
   // Waits for the launched step's ids and delivers its tokens.
   void complete_launched();
@@ -190,12 +194,6 @@ bool forced_reasoning_end(const Sequence& s) {
 }
 bool constrained_now(const Sequence& s) {
   return s.req.constraint && !s.in_reasoning;
-}
-// Whether the sequence's rows need only the argmax id from the device (Model::launch_greedy),
-// not rows x vocab logits on the host.
-bool greedy_ids_only(const Sequence& s) {
-  return s.req.prompt_logprobs < 0 && s.req.sampling.logprobs < 0 && !s.req.constraint &&
-         s.sampler->plain_greedy();
 }
 // The placeholder of a token a launched step is still computing.
 constexpr int32_t kPendingToken = -1;
@@ -391,6 +389,12 @@ void Engine::Impl::prune() {
   if (!launched) retired.clear();
 }
 
+bool Engine::Impl::picks_on_device(const Sequence& s) const {
+  if (s.req.prompt_logprobs >= 0 || s.req.sampling.logprobs >= 0 || s.req.constraint) return false;
+  TokenPick p;
+  return s.sampler->device_pick(&p) && model.backend().can_pick(p, model.config().vocab_size);
+}
+
 bool Engine::Impl::can_continue() const {
   if (!launched || !opt.overlap_steps) return false;
   // A sequence admitted now would prefill from host tokens while the others wait: run it the
@@ -400,9 +404,9 @@ bool Engine::Impl::can_continue() const {
   for (const auto& sp : running) {
     const Sequence& s = *sp;
     const bool decoding = s.uncached() == 1 && s.cached >= s.prompt_len;
-    // Its next token must be the device's greedy id: no forced end of reasoning, no constraint,
-    // no logits on the host; and the token pending from the launched step must not end it.
-    if (!decoding || !greedy_ids_only(s) || forced_reasoning_end(s)) return false;
+    // Its next token must be the device's pick: no forced end of reasoning, no constraint, no
+    // logits on the host; and the token pending from the launched step must not end it.
+    if (!decoding || !picks_on_device(s) || forced_reasoning_end(s)) return false;
     const int64_t n = static_cast<int64_t>(s.tokens.size());
     if (n - s.prompt_len >= s.req.max_tokens || n >= max_context) return false;
     new_blocks += std::max<int64_t>(
@@ -452,10 +456,10 @@ void Engine::Impl::step() {
       }
     }
   }
-  // A step whose every row is a plain greedy pick (no logprobs, prompt scoring or constraint)
-  // takes only the argmax ids from the device, not rows x vocab logits.
+  // A step whose every row is picked on the device (no logprobs, prompt scoring, constraint or
+  // penalties) takes only the ids from it, not rows x vocab logits.
   const bool ids_only = std::all_of(plan.entries.begin(), plan.entries.end(),
-                                    [](const StepEntry& e) { return greedy_ids_only(*e.seq); });
+                                    [&](const StepEntry& e) { return picks_on_device(*e.seq); });
   {
     std::lock_guard<std::mutex> lock(mu);
     stats.steps++;
@@ -463,7 +467,18 @@ void Engine::Impl::step() {
     stats.last_batch_tokens = batch.n_tokens();
   }
   if (ids_only) {
-    model.launch_greedy(batch, cache->views());
+    // One logit row per entry. A row that yields a token takes the next draw of its sequence's
+    // generator (even if a forced end of reasoning replaces the token later, so overlapped and
+    // waiting steps draw alike); the rows of unfinished prefills are greedy and unused.
+    picks.assign(plan.entries.size(), TokenPick{});
+    for (size_t i = 0; i < plan.entries.size(); ++i) {
+      Sequence& s = *plan.entries[i].seq;
+      const bool outputs = s.cached + plan.entries[i].n_tokens == static_cast<int>(s.tokens.size());
+      if (!outputs || s.req.max_tokens == 0) continue;
+      s.sampler->device_pick(&picks[i]);
+      if (!picks[i].greedy()) picks[i].u = s.sampler->next_uniform();
+    }
+    model.launch_picks(batch, cache->views(), picks);
     Launched next = advance(plan.entries);
     if (launched) complete_launched();  // the step before, which ran ahead of this one
     launched = std::move(next);
@@ -528,7 +543,7 @@ void Engine::Impl::step() {
 }
 
 Engine::Impl::Launched Engine::Impl::advance(const std::vector<StepEntry>& entries) {
-  // One logit row per entry: a greedy step scores no prompt.
+  // One logit row per entry: an ids-only step scores no prompt.
   Launched l;
   for (size_t i = 0; i < entries.size(); ++i) {
     Sequence& s = *entries[i].seq;
@@ -547,7 +562,7 @@ Engine::Impl::Launched Engine::Impl::advance(const std::vector<StepEntry>& entri
 }
 
 void Engine::Impl::complete_launched() {
-  model.collect_greedy(&greedy_ids);
+  model.collect_picks(&picked_ids);
   Launched l = std::move(*launched);
   launched.reset();
   for (const LaunchedRow& r : l.rows) {
@@ -559,7 +574,7 @@ void Engine::Impl::complete_launched() {
     if (!begin_output(s, index, ev)) continue;
     s.tokens[static_cast<size_t>(index)] = forced_reasoning_end(s)
                                                ? s.req.think_end_token
-                                               : greedy_ids[static_cast<size_t>(r.logit_row)];
+                                               : picked_ids[static_cast<size_t>(r.logit_row)];
     emit(s, index, std::move(ev));
   }
 }

@@ -31,7 +31,8 @@ struct EngineOptions {
   // owned; nullptr: one row after another. Results do not depend on it (each request samples
   // from its own generator).
   ThreadPool* host_pool = nullptr;
-  // Greedy decode steps overlap: the next step is scheduled and launched while the last one
+  // Decode steps whose tokens are picked on the device (greedy, or sampled without penalties:
+  // Backend::pick_tokens) overlap: the next step is scheduled and launched while the last one
   // runs, its tokens taken from the device, when nothing the last step returns could change it
   // (no admission, no length limit reached, no host-side choice of the token). A stop token
   // then costs one discarded row. Off: every step waits for its results first (for comparison).

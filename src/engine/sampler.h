@@ -1,7 +1,7 @@
 // Token sampling for one sequence, in vLLM's order: penalties (repetition over prompt and
-// output; presence and frequency over output), then temperature, then min-p, top-k, top-p, then a
-// seeded draw. Logprobs reported to clients are the model's raw log-softmax (before any of this),
-// as OpenAI and vLLM report them.
+// output; presence and frequency over output), then temperature, min-p, top-k, top-p and a seeded
+// draw (util/token_pick.h, the rule the backends' pick_tokens also follow). Logprobs reported to
+// clients are the model's raw log-softmax (before any of this), as OpenAI and vLLM report them.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 
 #include "engine/request.h"
 #include "util/argmax.h"
+#include "util/token_pick.h"
 
 namespace tokenmill {
 
@@ -28,6 +29,12 @@ class Sampler {
                      std::vector<float>* work);
   // Records a token appended to the output (for the penalties). sample() does not.
   void accept(int32_t token);
+  // The pick a backend can make without the host (Backend::pick_tokens): false when penalties
+  // need the logits here. Its draw `u` is left 0; next_uniform() gives it.
+  bool device_pick(TokenPick* pick) const;
+  // The next draw of this sequence's generator, uniform in [0, 1) (53 bits). Every sampled
+  // token takes one, on the host or on a device.
+  double next_uniform();
 
   const SamplingParams& params() const { return p_; }
   bool greedy() const { return p_.temperature <= 0.0f; }
@@ -46,20 +53,13 @@ class Sampler {
   }
   // The seeded draw over final (penalized, masked) logits.
   int32_t draw(const float* logits, int vocab);
+  TokenPick pick() const;  // the sampling parameters as a pick (u = 0)
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::unordered_set<int32_t> prompt_tokens_;
   std::unordered_map<int32_t, int> output_counts_;
-  std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
-  std::vector<float> heap_;                      // reused scratch (top-k threshold)
+  PickScratch scratch_;
 };
-
-// The tokens a non-greedy draw chooses from, in vLLM's order (temperature, min-p, top-k, top-p)
-// over logits already penalized and masked: {unnormalised probability exp((l - max) / T),
-// token}, in descending probability (ties: lower id) whenever top-k or top-p cut the list.
-// Returns false when no token has a nonzero probability. `heap` is scratch.
-bool sampling_candidates(const float* logits, int vocab, const SamplingParams& p,
-                         std::vector<std::pair<float, int32_t>>* out, std::vector<float>* heap);
 
 // Raw log-softmax of `logits` at `token`, and the top `k` entries (k may be 0).
 float token_logprob(const float* logits, int vocab, int32_t token, int k,

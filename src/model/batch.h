@@ -29,8 +29,8 @@ struct Batch {
   std::vector<int32_t> logit_rows;  // rows whose logits the caller wants, in output order
   // When true, the GDN layers also write the state after every row (speculative verify).
   bool keep_step_states = false;
-  // Rows whose token is still on the device: {row of this batch, logit row of the greedy step
-  // launched last (Model::launch_greedy)}, whose id becomes the row's token. Their entries in
+  // Rows whose token is still on the device: {row of this batch, logit row of the step
+  // launched last (Model::launch_picks)}, whose id becomes the row's token. Their entries in
   // `tokens` are placeholders. Lets a step be launched before the one it continues has
   // returned its ids.
   std::vector<std::pair<int32_t, int32_t>> tokens_from_last_step;

@@ -32,7 +32,7 @@ struct Model::Scratch {
   ~Scratch() {
     if (arena) be.free(arena);
     if (index) be.free(index);
-    if (greedy) be.free(greedy);
+    if (picked) be.free(picked);
   }
   void* arena = nullptr;
   size_t arena_bytes = 0;
@@ -50,10 +50,10 @@ struct Model::Scratch {
   size_t attn_ws_floats = 0;
   // Index arrays in backend memory.
   int32_t *tokens, *positions, *cu_seqlens, *context_lens, *slots, *block_tables, *logit_rows;
-  // launch_greedy's ids, one per logit row: an allocation of its own, so a step's layout never
+  // launch_picks's ids, one per logit row: an allocation of its own, so a step's layout never
   // moves or overwrites the ids of the step before (Batch::tokens_from_last_step reads them).
-  int32_t* greedy = nullptr;
-  int greedy_rows = 0;
+  int32_t* picked = nullptr;
+  int picked_rows = 0;
   SeqLayout seqs;
   KVPaging paging;
 };
@@ -196,10 +196,10 @@ bool Model::ensure_scratch(int T, int n_seqs, int R, int pass, int max_blocks,
   s.block_tables = p;
   p += static_cast<size_t>(n_seqs) * max_blocks;
   s.logit_rows = p;
-  if (R > s.greedy_rows) {  // not recorded (the argmax runs after a replay): no moved flag
-    if (s.greedy) backend_.free(s.greedy);
-    s.greedy_rows = std::max(R, 64);
-    s.greedy = static_cast<int32_t*>(backend_.alloc(static_cast<size_t>(s.greedy_rows) * 4));
+  if (R > s.picked_rows) {  // not recorded (the picks run after a replay): no moved flag
+    if (s.picked) backend_.free(s.picked);
+    s.picked_rows = std::max(R, 64);
+    s.picked = static_cast<int32_t*>(backend_.alloc(static_cast<size_t>(s.picked_rows) * 4));
   }
   return moved;
 }
@@ -296,9 +296,15 @@ void Model::forward(const Batch& batch, const CacheViews& caches, std::vector<fl
   }
 }
 
-void Model::launch_greedy(const Batch& batch, const CacheViews& caches) {
+void Model::launch_picks(const Batch& batch, const CacheViews& caches,
+                         const std::vector<TokenPick>& picks) {
   TM_CHECK(static_cast<int>(launched_.size()) < kMaxLaunched,
-           "more than {} greedy steps launched and not collected", kMaxLaunched);
+           "more than {} steps launched and not collected", kMaxLaunched);
+  const int R0 = static_cast<int>(batch.logit_rows.size());
+  TM_CHECK(picks.empty() || static_cast<int>(picks.size()) == R0,
+           "launch_picks: {} picks for {} logit rows", picks.size(), R0);
+  if (picks.empty()) greedy_picks_.assign(static_cast<size_t>(R0), TokenPick{});
+  const TokenPick* pick = picks.empty() ? greedy_picks_.data() : picks.data();
   int pass = 0;
   bool recorded = false;
   const int R = run_batch(batch, caches, false, &pass, &recorded);
@@ -306,16 +312,16 @@ void Model::launch_greedy(const Batch& batch, const CacheViews& caches) {
   for (int first = 0; first < R; first += pass) {
     const int rows = std::min(pass, R - first);
     if (!recorded) project_logits(first, rows);
-    backend_.argmax_rows(s.logits, rows, cfg_.vocab_size, s.greedy + first);
+    backend_.pick_tokens(s.logits, rows, cfg_.vocab_size, pick + first, s.picked + first);
   }
-  last_greedy_rows_ = R;
+  last_picked_rows_ = R;
   LaunchedIds& l = launched_.emplace_back();
   l.ids.resize(static_cast<size_t>(R));
-  l.ticket = backend_.begin_download(l.ids.data(), s.greedy, l.ids.size() * 4);
+  l.ticket = backend_.begin_download(l.ids.data(), s.picked, l.ids.size() * 4);
 }
 
-void Model::collect_greedy(std::vector<int32_t>* ids) {
-  TM_CHECK(!launched_.empty(), "collect_greedy: no greedy step was launched");
+void Model::collect_picks(std::vector<int32_t>* ids) {
+  TM_CHECK(!launched_.empty(), "collect_picks: no step was launched");
   backend_.finish_download(launched_.front().ticket);
   *ids = std::move(launched_.front().ids);
   launched_.pop_front();
@@ -327,7 +333,7 @@ void Model::discard_launched() {
     launched_.pop_front();
     backend_.finish_download(ticket);
   }
-  last_greedy_rows_ = 0;
+  last_picked_rows_ = 0;
 }
 
 int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hidden, int* pass_out,
@@ -361,13 +367,13 @@ int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hid
   *recorded = record;
   const size_t attn_ws =
       backend_.attention_workspace_floats(T, cfg_.num_heads, cfg_.head_dim, width * block_size);
-  const int32_t* greedy_before = s_->greedy;
+  const int32_t* picked_before = s_->picked;
   if (ensure_scratch(T, n, R, pass, width, attn_ws)) forget_recordings();
-  if (s_->greedy != greedy_before) {
+  if (s_->picked != picked_before) {
     // The last step's ids went with the old buffer: nothing can read them any more.
     TM_CHECK(batch.tokens_from_last_step.empty(),
-             "a step that continues the last one outgrew the reserved greedy ids");
-    last_greedy_rows_ = 0;
+             "a step that continues the last one outgrew the reserved ids");
+    last_picked_rows_ = 0;
   }
   backend_.set_attention_workspace(s_->attn_ws, s_->attn_ws_floats);
   Scratch& s = *s_;
@@ -384,7 +390,7 @@ int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hid
     std::copy(arrays[i]->begin(), arrays[i]->end(), index_staging_.begin() + at);
   }
   backend_.upload(s.tokens, index_staging_.data(), index_staging_.size() * sizeof(int32_t));
-  // Tokens still on the device: copied from the last greedy step's ids, a run of consecutive
+  // Tokens still on the device: copied from the last launched step's ids, a run of consecutive
   // rows at a time (in a decode step that continues the last one, one copy).
   const auto& from_last = batch.tokens_from_last_step;
   for (size_t i = 0; i < from_last.size();) {
@@ -393,10 +399,10 @@ int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hid
            from_last[j].second == from_last[j - 1].second + 1) {
       ++j;
     }
-    TM_CHECK(from_last[j - 1].second < last_greedy_rows_,
-             "token from logit row {} of the last step, which had {} greedy rows",
-             from_last[j - 1].second, last_greedy_rows_);
-    backend_.copy(s.tokens + from_last[i].first, s.greedy + from_last[i].second,
+    TM_CHECK(from_last[j - 1].second < last_picked_rows_,
+             "token from logit row {} of the last step, which had {} picked rows",
+             from_last[j - 1].second, last_picked_rows_);
+    backend_.copy(s.tokens + from_last[i].first, s.picked + from_last[i].second,
                   (j - i) * sizeof(int32_t));
     i = j;
   }

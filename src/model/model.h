@@ -62,17 +62,19 @@ class Model {
   // when hidden != nullptr, the final-normed hidden states of the same rows [rows, hidden].
   void forward(const Batch& batch, const CacheViews& caches, std::vector<float>* logits,
                std::vector<float>* hidden = nullptr);
-  // The same forward, but only each logit row's argmax leaves the device (util/argmax.h; ids
-  // [batch.logit_rows.size()] in host memory): what greedy decoding needs, without downloading
-  // and scanning rows x vocab logits on the host. In two halves, so the host can prepare and
-  // launch the next step while this one runs: launch_greedy issues the step (its ids' copy to
-  // the host included) and returns without waiting where the backend runs asynchronously;
-  // collect_greedy waits for the ids of the oldest launched step not yet collected. The next batch
-  // may take tokens from the ids of the step launched last (Batch::tokens_from_last_step). At most
-  // kMaxLaunched steps are launched and not collected; discard_launched() drops them (after a
-  // failure).
-  void launch_greedy(const Batch& batch, const CacheViews& caches);
-  void collect_greedy(std::vector<int32_t>* ids);
+  // The same forward, but only each logit row's token leaves the device: the one picks[i]
+  // takes from logit row i (Backend::pick_tokens: the argmax, or a seeded draw; empty picks: all
+  // greedy), ids [batch.logit_rows.size()] in host memory. What decoding needs without
+  // downloading and scanning rows x vocab logits on the host. In two halves, so the host can
+  // prepare and launch the next step while this one runs: launch_picks issues the step (its
+  // ids' copy to the host included) and returns without waiting where the backend runs
+  // asynchronously; collect_picks waits for the ids of the oldest launched step not yet
+  // collected. The next batch may take tokens from the ids of the step launched last
+  // (Batch::tokens_from_last_step). At most kMaxLaunched steps are launched and not collected;
+  // discard_launched() drops them (after a failure).
+  void launch_picks(const Batch& batch, const CacheViews& caches,
+                    const std::vector<TokenPick>& picks = {});
+  void collect_picks(std::vector<int32_t>* ids);
   void discard_launched();
   static constexpr int kMaxLaunched = 2;
 
@@ -142,8 +144,9 @@ class Model {
     std::vector<int32_t> ids;
   };
   std::deque<LaunchedIds> launched_;
-  int last_greedy_rows_ = 0;  // logit rows of the greedy step launched last (ids in s.greedy)
-  std::vector<int32_t> index_staging_;  // a step's index arrays, packed for one upload
+  int last_picked_rows_ = 0;             // logit rows of the step launched last (ids in s.picked)
+  std::vector<TokenPick> greedy_picks_;  // launch_picks' all-greedy default
+  std::vector<int32_t> index_staging_;   // a step's index arrays, packed for one upload
   ModelOptions options_;
   // Recorded decode steps by shape: (sequences, block-table width, cache identity) -> id.
   std::vector<std::pair<std::vector<uint64_t>, int64_t>> recordings_;

@@ -70,6 +70,9 @@ class CpuBackend final : public Backend {
   void sigmoid_mul(float* x, const float* gate, int64_t n) override;
   void scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) override;
   void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out) override;
+  void pick_tokens(const float* x, int64_t rows, int64_t cols, const TokenPick* picks,
+                   int32_t* out) override;
+  bool can_pick(const TokenPick& pick, int64_t cols) const override;
 
   void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) override;
   // Decode (n <= kGemvMaxRows): one parallel GEMV over the rows of all the matrices, with x

@@ -180,6 +180,25 @@ void CpuBackend::argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t
   for (int64_t r = 0; r < rows; ++r) out[r] = argmax(x + r * cols, static_cast<int>(cols));
 }
 
+// Rows in parallel, each thread with its own scratch: a sampled 248k row costs about 0.3 ms.
+void CpuBackend::pick_tokens(const float* x, int64_t rows, int64_t cols, const TokenPick* picks,
+                             int32_t* out) {
+  TM_CHECK(cols >= 1 && cols <= INT32_MAX, "pick_tokens: rows of 1..2^31-1 values");
+  std::vector<PickScratch> scratch(static_cast<size_t>(pool_.size()));
+  pool_.run(rows, [&](int64_t rb, int64_t re, int worker) {
+    for (int64_t r = rb; r < re; ++r) {
+      out[r] = pick_token(x + r * cols, static_cast<int>(cols), picks[r],
+                          &scratch[static_cast<size_t>(worker)]);
+    }
+  });
+}
+
+bool CpuBackend::can_pick(const TokenPick& pick, int64_t cols) const {
+  (void)pick;
+  (void)cols;
+  return true;
+}
+
 void CpuBackend::gdn_gates(const float* a, const float* b, const float* a_log, const float* dt_bias,
                            float* g, float* beta, int64_t n, int heads) {
   pool_.run(

@@ -68,6 +68,9 @@ CudaBackend::CudaBackend(int device, PrefillPrecision prefill_precision)
   argmax_ws_ = static_cast<float*>(alloc(argmax_bytes));
   owned_.push_back(argmax_ws_);
   TM_CUDA(cudaMemset(argmax_ws_, 0, argmax_bytes));
+  pick_ws_ = alloc(cuda::pick_workspace_bytes());
+  owned_.push_back(pick_ws_);
+  TM_CUDA(cudaMemset(pick_ws_, 0, cuda::pick_workspace_bytes()));
   init_gemm();
 }
 

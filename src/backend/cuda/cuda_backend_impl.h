@@ -3,7 +3,7 @@
 // Op implementations are split by topic: cuda_backend.cpp (memory, weights), cuda_fill.cu
 // (random fill, read probe), cuda_linear.cu (generic GEMV, GEMM, embed), cuda_gemv.cu (fast
 // decode GEMV), cuda_attention.cu (decode), cuda_attention_prefill.cu, cuda_gdn.cu,
-// cuda_gdn_chunked.cu (prefill), cuda_elementwise.cu, cuda_moe.cu.
+// cuda_gdn_chunked.cu (prefill), cuda_elementwise.cu, cuda_pick.cu (sampling), cuda_moe.cu.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +64,11 @@ bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const
                                const int32_t* slots, const float* q, const float* k, const float* v,
                                const float* g, const float* beta, float* out, float* ws,
                                size_t ws_floats);
+
+// pick_tokens' sampled rows (cuda_pick.cu): the workspace it needs (allocated once, zeroed) and
+// the picks it makes (greedy ones always; sampled ones with 1 <= top_k <= 128 below the width).
+size_t pick_workspace_bytes();
+bool pick_supported(const TokenPick& pick, int64_t cols);
 }  // namespace cuda
 
 class CudaBackend final : public Backend {
@@ -122,6 +127,9 @@ class CudaBackend final : public Backend {
   void sigmoid_mul(float* x, const float* gate, int64_t n) override;
   void scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) override;
   void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out) override;
+  void pick_tokens(const float* x, int64_t rows, int64_t cols, const TokenPick* picks,
+                   int32_t* out) override;
+  bool can_pick(const TokenPick& pick, int64_t cols) const override;
 
   void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) override;
   void rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h, int64_t rows,
@@ -243,6 +251,7 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kArgmaxMaxRows = 1024;
   static constexpr int64_t kArgmaxWsSlots = kArgmaxMaxRows * 32;  // cuda::kArgmaxMaxChunks
   float* argmax_ws_ = nullptr;
+  void* pick_ws_ = nullptr;  // pick_tokens' (cuda::pick_workspace_bytes, zeroed)
   // begin_download's pinned staging: a ring of slots, each reused once its ticket is finished
   // (pinned memory lets the copy run after the ops before it without the host waiting).
   struct PendingDownload {

@@ -216,10 +216,11 @@ TEST(CudaEngine, StepsAllocateNothing) {
   }
 }
 
-// Overlapped greedy steps on the device: each step's tokens are copied from the last step's
-// argmax on the device, behind recorded steps that replay. The same requests run with steps that
-// wait for their results must give the same tokens (the kernels give the same bits every
-// launch); a sampled request beside them takes the logits path (page-locked downloads).
+// Overlapped steps on the device: each step's tokens are copied from the last step's picks on
+// the device, behind recorded steps that replay. The same requests run with steps that wait for
+// their results must give the same tokens (the kernels give the same bits every launch); a
+// sampled request without top-k beside them takes the logits path (page-locked downloads),
+// sampled ones with top-k are picked on the device.
 TEST(CudaEngine, OverlappedStepsEqualWaitingSteps) {
   TM_REQUIRE_CUDA_DEVICE();
   const SyntheticSpec spec = small_engine_spec();
@@ -237,11 +238,17 @@ TEST(CudaEngine, OverlappedStepsEqualWaitingSteps) {
     o.memory_budget_bytes = 64 << 20;
     o.overlap_steps = overlap;
     Engine e(*model, o);
-    // Four greedy requests (batched decode, recorded), then one sampled beside two greedy.
+    // Four greedy requests (batched decode, recorded), then sampled ones beside greedy ones.
     std::vector<std::vector<GenerationRequest>> waves = {
         {request(150, 40, 1, 0), request(90, 33, 2, 0), request(30, 40, 3, 0),
          request(7, 21, 4, 0)},
-        {request(50, 20, 5, 0.8f), request(60, 30, 6, 0), request(5, 25, 7, 0)}};
+        {request(50, 20, 5, 0.8f), request(60, 30, 6, 0), request(5, 25, 7, 0)},
+        {request(40, 30, 8, 0.7f), request(20, 26, 9, 1.0f), request(9, 22, 10, 0)}};
+    // The third wave's sampled requests are picked on the device (top-k: pick_tokens), so
+    // their steps overlap too; the second wave's (no top-k) takes the logits to the host.
+    waves[2][0].sampling.top_k = 20;
+    waves[2][1].sampling.top_k = 50;
+    waves[2][1].sampling.top_p = 0.9f;
     got.emplace_back();
     for (auto& wave : waves) {
       std::vector<std::shared_ptr<RequestStream>> streams;
@@ -267,7 +274,7 @@ TEST(CudaEngine, OverlappedStepsEqualWaitingSteps) {
       EXPECT_EQ(e.stats().steps_overlapped, 0u);
     }
   }
-  ASSERT_EQ(got[0].size(), 7u);
+  ASSERT_EQ(got[0].size(), 10u);
   for (size_t i = 0; i < got[0].size(); ++i) {
     EXPECT_FALSE(got[0][i].empty()) << "request " << i;
     EXPECT_EQ(got[1][i], got[0][i]) << "request " << i;

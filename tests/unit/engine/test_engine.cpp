@@ -109,7 +109,7 @@ TEST_F(EngineTest, ConcurrentChunkedPreemptedEqualsReference) {
   }
 }
 
-// A step of plain greedy rows takes only the argmax ids from the backend (launch_greedy); a step
+// A step of plain greedy rows takes only the argmax ids from the backend (launch_picks); a step
 // with a row that asks for logprobs downloads the logits. Both pick the reference's tokens,
 // alone and mixed in one step.
 TEST_F(EngineTest, GreedyIdsAndLogitsStepsAgree) {
@@ -134,6 +134,49 @@ TEST_F(EngineTest, GreedyIdsAndLogitsStepsAgree) {
       EXPECT_EQ(collect(*streams[i]).tokens, expect[i])
           << "request " << i << " logprobs case " << with_logprobs;
     }
+  }
+}
+
+// A sampled request without logprobs or penalties is picked by the backend
+// (Backend::pick_tokens: only ids leave it, and its steps overlap); asking for logprobs brings
+// its logits to the host, where the engine's sampler draws. Both take the same draws from the
+// request's generator and follow util/token_pick.h, so they choose the same tokens: top-k alone,
+// with top-p, with min-p, and neither (the whole vocabulary).
+TEST_F(EngineTest, SampledPicksOnBackendEqualHostSampling) {
+  Harness h(*dir_);
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    GenerationRequest r = greedy(random_ids(6 + 7 * i, h.vocab(), 700 + i), 14);
+    r.sampling.temperature = 0.6f + 0.3f * static_cast<float>(i);
+    r.sampling.top_k = i == 3 ? 0 : 5 + 10 * i;
+    r.sampling.top_p = i == 0 || i == 3 ? 1.0f : 0.9f;
+    r.sampling.min_p = i == 2 ? 0.02f : 0.0f;
+    r.sampling.seed = 77 + static_cast<uint64_t>(i);
+    reqs.push_back(r);
+  }
+  std::vector<std::vector<int32_t>> got[2];
+  for (int host = 0; host < 2; ++host) {
+    EngineOptions o;
+    o.max_seqs = 4;
+    o.memory_budget_bytes = 64 << 20;
+    Engine e(*h.model, o);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (GenerationRequest r : reqs) {
+      if (host) r.sampling.logprobs = 0;
+      streams.push_back(e.submit(std::move(r)));
+    }
+    for (auto& st : streams) got[host].push_back(collect(*st).tokens);
+    if (host) {
+      EXPECT_EQ(e.stats().steps_overlapped, 0u);
+    } else {
+      EXPECT_GT(e.stats().steps_overlapped, 0u) << "sampled steps did not overlap";
+    }
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_EQ(got[0][i].size(), 14u);
+    EXPECT_EQ(got[0][i], got[1][i]) << "request " << i;
+    // Sampling, not the greedy continuation (a request's tokens differ from it somewhere).
+    EXPECT_NE(got[0][i], reference_greedy(h, reqs[i].prompt, 14)) << "request " << i;
   }
 }
 
@@ -268,11 +311,12 @@ TEST_F(EngineTest, StepsAllocateNothing) {
   EXPECT_EQ(h.backend->peak_allocated_bytes(), peak);
 }
 
-// Overlapped greedy steps (EngineOptions::overlap_steps): the next decode step is launched
-// before the last one's ids are read, its tokens taken from them on the device. Stop tokens
-// (the overlapped row is discarded), length limits, a forced end of reasoning, a sampled
-// request beside greedy ones, requests arriving mid-decode and queued behind a full batch, and
-// preemption must give exactly what steps that wait for their results give.
+// Overlapped steps (EngineOptions::overlap_steps): the next decode step is launched before the
+// last one's ids are read, its tokens taken from them on the device. Stop tokens (the
+// overlapped row is discarded), length limits, a forced end of reasoning, a sampled request
+// (picked by the backend) beside greedy ones, a request whose logprobs need its logits on the
+// host, requests arriving mid-decode and queued behind a full batch, and preemption must give
+// exactly what steps that wait for their results give.
 TEST_F(EngineTest, OverlappedStepsEqualWaitingSteps) {
   Harness h(*dir_);
   std::vector<std::vector<int32_t>> prompts;
@@ -285,7 +329,7 @@ TEST_F(EngineTest, OverlappedStepsEqualWaitingSteps) {
   const int32_t stop = ref1[8];
   const std::vector<int32_t> ref1_stop(ref1.begin(), std::find(ref1.begin(), ref1.end(), stop) + 1);
   constexpr int32_t kThinkEnd = 1;  // random_ids never draws 0 or 1
-  // Set 0: every case at once (the sampled request's steps wait for their logits); set 1: the
+  // Set 0: every case at once (the logprobs request's steps wait for their logits); set 1: the
   // stop token alone beside a longer greedy request, so it comes while steps overlap.
   auto requests = [&](int set) {
     std::vector<GenerationRequest> rs;
@@ -304,6 +348,7 @@ TEST_F(EngineTest, OverlappedStepsEqualWaitingSteps) {
     rs.push_back(greedy(prompts[4], 1));
     rs.push_back(greedy(prompts[5], 0));
     rs.push_back(greedy(prompts[6], 11));
+    rs.back().sampling.logprobs = 0;
     return rs;
   };
   for (int set : {0, 1}) {

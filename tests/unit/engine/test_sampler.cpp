@@ -9,6 +9,7 @@
 #include <random>
 
 #include "engine/sampler.h"
+#include "util/token_pick.h"
 
 namespace tokenmill {
 namespace {
@@ -92,9 +93,9 @@ TEST(Sampler, TopKTopPMinPKeepExactlyTheRightTokens) {
   for (auto& [t, x] : f) EXPECT_LT(t, 3) << "min_p drew token " << t;
 }
 
-// sampling_candidates (which skips the exp of tokens that cannot reach the top k) keeps exactly
+// pick_candidates (which skips the exp of tokens that cannot reach the top k) keeps exactly
 // the tokens, with the same probabilities, as the plain computation: exp of every logit,
-// min-p, the k most probable (ties: lower id), the top-p prefix. Over a 50,000-token
+// min-p, the k largest logits (ties: lower id), the top-p prefix in that order. Over a 50,000-token
 // vocabulary with runs of equal logits at the top-k boundary, -inf entries, and distributions
 // peaky enough that the k-th token's probability underflows.
 TEST(Sampler, CandidatesEqualTheFullComputation) {
@@ -102,9 +103,6 @@ TEST(Sampler, CandidatesEqualTheFullComputation) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int vocab = 50000;
   using Cand = std::vector<std::pair<float, int32_t>>;
-  const auto by_prob = [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
   int cases = 0;
   for (float spread : {1.0f, 8.0f, 60.0f}) {
     std::vector<float> l(vocab);
@@ -118,11 +116,15 @@ TEST(Sampler, CandidatesEqualTheFullComputation) {
       for (int k : {0, 1, 5, 20, 1000}) {
         for (float top_p : {1.0f, 0.9f}) {
           for (float min_p : {0.0f, 0.05f}) {
-            SamplingParams p;
+            TokenPick p;
             p.temperature = t;
             p.top_k = k;
             p.top_p = top_p;
             p.min_p = min_p;
+            const auto by_logit = [&](const auto& a, const auto& b) {
+              const float la = l[a.second], lb = l[b.second];
+              return la > lb || (la == lb && a.second < b.second);
+            };
             Cand want;
             float mx = -INFINITY;
             for (float x : l) mx = std::max(mx, x);
@@ -131,7 +133,7 @@ TEST(Sampler, CandidatesEqualTheFullComputation) {
               const float e = std::exp((l[i] - mx) * (1.0f / t));
               if (e > 0.0f && !(min_p > 0.0f && e < min_p)) want.emplace_back(e, i);
             }
-            std::sort(want.begin(), want.end(), by_prob);
+            std::sort(want.begin(), want.end(), by_logit);
             if (k > 0 && static_cast<size_t>(k) < want.size()) want.resize(static_cast<size_t>(k));
             if (top_p < 1.0f) {
               double sum = 0, acc = 0;
@@ -145,8 +147,8 @@ TEST(Sampler, CandidatesEqualTheFullComputation) {
             }
             Cand got;
             std::vector<float> heap;
-            ASSERT_TRUE(sampling_candidates(l.data(), vocab, p, &got, &heap));
-            std::sort(got.begin(), got.end(), by_prob);
+            ASSERT_TRUE(pick_candidates(l.data(), vocab, p, &got, &heap));
+            std::sort(got.begin(), got.end(), by_logit);
             ASSERT_EQ(got, want) << "spread " << spread << " T " << t << " k " << k << " top_p "
                                  << top_p << " min_p " << min_p;
             ++cases;
