@@ -47,6 +47,7 @@ struct BenchOptions {
   // which is what chat clients usually ask for.
   float temperature = 0.0f, top_p = 1.0f;
   int top_k = 0;
+  float presence_penalty = 0.0f;  // what Qwen's cards suggest against endless repetition
   DeviceOptions device;
 };
 
@@ -158,9 +159,13 @@ void bench_command(BenchOptions o) {
   sp.temperature = o.temperature;
   sp.top_k = o.top_k;
   sp.top_p = o.top_p;
+  sp.presence_penalty = o.presence_penalty;
   rep.sampling = o.temperature > 0 ? fmt::format("temperature {}, top-k {}, top-p {}",
                                                  o.temperature, o.top_k, o.top_p)
                                    : "greedy";
+  if (o.presence_penalty != 0.0f) {
+    rep.sampling += fmt::format(", presence penalty {}", o.presence_penalty);
+  }
   eo.max_seqs = max_batch;
   eo.overlap_steps = !o.no_overlap;
   eo.host_pool = be.pool.get();  // sampled rows of a step in parallel
@@ -279,6 +284,10 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--top-p", opt->top_p, "Sampling: keep the smallest set holding this mass")
       ->capture_default_str()
       ->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--presence-penalty", opt->presence_penalty,
+                  "Sampling: subtract this from the logit of every token already generated")
+      ->capture_default_str()
+      ->check(CLI::Range(-2.0f, 2.0f));
   cmd->add_option("--json", opt->json_path, "JSON output file")->capture_default_str();
   cmd->add_option("--chart", opt->chart_path, "Chart output (SVG)")->capture_default_str();
   add_device_options(*cmd, opt->device);

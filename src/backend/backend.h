@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -270,6 +271,15 @@ class Backend {
   // takes greedy picks only (argmax_rows).
   virtual void pick_tokens(const float* x, int64_t rows, int64_t cols, const TokenPick* picks,
                            int32_t* out);
+  // Applies the penalties of rows[r] to row r of x[n_rows, cols] in place (util/token_pick.h:
+  // penalized_logit for each of its entries, plus one more output occurrence of
+  // tokens[pending_at] when pending_at >= 0), before pick_tokens. `rows` and `entries` are host
+  // memory, read before the call returns; `tokens` (the step's token ids) is backend memory.
+  // At most max_penalty_entries() entries a call.
+  virtual void penalize_rows(float* x, int64_t n_rows, int64_t cols, const PenaltyRow* rows,
+                             const PenaltyEntry* entries, int64_t n_entries,
+                             const int32_t* tokens) = 0;
+  virtual int64_t max_penalty_entries() const { return INT64_MAX; }
   // Whether pick_tokens makes `pick` over rows of `cols` logits. The default: greedy picks only.
   virtual bool can_pick(const TokenPick& pick, int64_t cols) const {
     (void)cols;

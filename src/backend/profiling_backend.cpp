@@ -81,6 +81,15 @@ void ProfilingBackend::pick_tokens(const float* x, int64_t rows, int64_t cols,
 bool ProfilingBackend::can_pick(const TokenPick& pick, int64_t cols) const {
   return in_.can_pick(pick, cols);
 }
+void ProfilingBackend::penalize_rows(float* x, int64_t n_rows, int64_t cols, const PenaltyRow* rows,
+                                     const PenaltyEntry* entries, int64_t n_entries,
+                                     const int32_t* tokens) {
+  timed("penalize_rows", n_rows,
+        [&] { in_.penalize_rows(x, n_rows, cols, rows, entries, n_entries, tokens); });
+}
+int64_t ProfilingBackend::max_penalty_entries() const {
+  return in_.max_penalty_entries();
+}
 void ProfilingBackend::linear(const float* x, int64_t n, const Weight& w, float* out, int expert) {
   timed("linear " + weight_label(w), n, [&] { in_.linear(x, n, w, out, expert); });
 }

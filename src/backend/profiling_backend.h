@@ -91,6 +91,10 @@ class ProfilingBackend final : public Backend {
   void pick_tokens(const float* x, int64_t rows, int64_t cols, const TokenPick* picks,
                    int32_t* out) override;
   bool can_pick(const TokenPick& pick, int64_t cols) const override;
+  void penalize_rows(float* x, int64_t n_rows, int64_t cols, const PenaltyRow* rows,
+                     const PenaltyEntry* entries, int64_t n_entries,
+                     const int32_t* tokens) override;
+  int64_t max_penalty_entries() const override;
   void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) override;
   void rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h, int64_t rows,
                             int dim, float eps, const Weight* const* ws, float* const* outs,

@@ -50,7 +50,7 @@ struct Engine::Impl {
   bool lock_refused = false;  // the system refused to lock it once: stay pageable
   static constexpr size_t kLockedLogitsBytes = size_t{256} << 20;
   std::vector<int32_t> picked_ids;  // a step's token per logit row (Model::collect_picks)
-  std::vector<TokenPick> picks;     // how each logit row of an ids-only step is picked
+  StepPicks picks;  // how each logit row of an ids-only step is picked (Model::launch_picks)
   // A step launched and not yet collected (at most one): per plan entry its sequence,
   // its logit row, and where its token goes (an index of s.tokens holding kPendingToken; -1:
   // none) when `outputs` (its prefill is complete after the step). While it runs, the next step
@@ -86,9 +86,12 @@ struct Engine::Impl {
   void prune();
   // Whether the next step can be scheduled while the launched one runs (see step()).
   bool can_continue() const;
-  // Whether the sequence's next token can be picked next to the logits (Backend::pick_tokens):
-  // no logprobs, prompt scoring, constraint or penalties, and a pick the backend makes.
+  // Whether the sequence's next token can be picked next to the logits (Backend::penalize_rows
+  // and pick_tokens): no logprobs, prompt scoring or constraint, and a pick the backend makes.
   bool picks_on_device(const Sequence& s) const;
+  // Whether the penalties of these sequences fit one step of the backend's (their entries).
+  template <class Range, class Seq>
+  bool penalties_fit(const Range& r, Seq seq) const;
   // After launching an ids-only step: caches advanced, a pending token per completed prefill.
   Launched advance(const std::vector<StepEntry>& entries);
   // Waits for the launched step's ids and delivers its tokens.
@@ -391,8 +394,14 @@ void Engine::Impl::prune() {
 
 bool Engine::Impl::picks_on_device(const Sequence& s) const {
   if (s.req.prompt_logprobs >= 0 || s.req.sampling.logprobs >= 0 || s.req.constraint) return false;
-  TokenPick p;
-  return s.sampler->device_pick(&p) && model.backend().can_pick(p, model.config().vocab_size);
+  return model.backend().can_pick(s.sampler->device_pick(), model.config().vocab_size);
+}
+
+template <class Range, class Seq>
+bool Engine::Impl::penalties_fit(const Range& r, Seq seq) const {
+  int64_t n = 0;
+  for (const auto& x : r) n += static_cast<int64_t>(seq(x).sampler->penalty_entry_count());
+  return n <= model.backend().max_penalty_entries();
 }
 
 bool Engine::Impl::can_continue() const {
@@ -412,7 +421,9 @@ bool Engine::Impl::can_continue() const {
     new_blocks += std::max<int64_t>(
         0, cache->blocks_for(s.cached + 1) - static_cast<int64_t>(s.blocks.size()));
   }
-  return new_blocks <= cache->free_blocks();  // so scheduling preempts nobody
+  // So scheduling preempts nobody, and the step can take its penalties on the device.
+  return new_blocks <= cache->free_blocks() &&
+         penalties_fit(running, [](const auto& sp) -> const Sequence& { return *sp; });
 }
 
 void Engine::Impl::step() {
@@ -456,10 +467,12 @@ void Engine::Impl::step() {
       }
     }
   }
-  // A step whose every row is picked on the device (no logprobs, prompt scoring, constraint or
-  // penalties) takes only the ids from it, not rows x vocab logits.
-  const bool ids_only = std::all_of(plan.entries.begin(), plan.entries.end(),
-                                    [&](const StepEntry& e) { return picks_on_device(*e.seq); });
+  // A step whose every row is picked on the device (no logprobs, prompt scoring or constraint)
+  // takes only the ids from it, not rows x vocab logits.
+  const bool ids_only =
+      std::all_of(plan.entries.begin(), plan.entries.end(),
+                  [&](const StepEntry& e) { return picks_on_device(*e.seq); }) &&
+      penalties_fit(plan.entries, [](const StepEntry& e) -> const Sequence& { return *e.seq; });
   {
     std::lock_guard<std::mutex> lock(mu);
     stats.steps++;
@@ -470,15 +483,29 @@ void Engine::Impl::step() {
     // One logit row per entry. A row that yields a token takes the next draw of its sequence's
     // generator (even if a forced end of reasoning replaces the token later, so overlapped and
     // waiting steps draw alike); the rows of unfinished prefills are greedy and unused.
-    picks.assign(plan.entries.size(), TokenPick{});
-    for (size_t i = 0; i < plan.entries.size(); ++i) {
+    // A penalized row lists the tokens its sequence's host knows; the model adds the one still
+    // on the device.
+    const size_t n = plan.entries.size();
+    picks.picks.assign(n, TokenPick{});
+    picks.penalties.assign(n, PenaltyRow{});
+    picks.entries.clear();
+    bool penalized = false;
+    for (size_t i = 0; i < n; ++i) {
       Sequence& s = *plan.entries[i].seq;
       const bool outputs = s.cached + plan.entries[i].n_tokens == static_cast<int>(s.tokens.size());
       if (!outputs || s.req.max_tokens == 0) continue;
-      s.sampler->device_pick(&picks[i]);
-      if (!picks[i].greedy()) picks[i].u = s.sampler->next_uniform();
+      picks.picks[i] = s.sampler->device_pick();
+      if (!picks.picks[i].greedy()) picks.picks[i].u = s.sampler->next_uniform();
+      PenaltyRow& pr = picks.penalties[i];
+      pr.penalties = s.sampler->penalties();
+      if (!pr.penalties.any()) continue;
+      penalized = true;
+      pr.first = static_cast<int32_t>(picks.entries.size());
+      s.sampler->penalty_entries(&picks.entries);
+      pr.count = static_cast<int32_t>(picks.entries.size()) - pr.first;
     }
-    model.launch_picks(batch, cache->views(), picks);
+    if (!penalized) picks.penalties.clear();
+    model.launch_picks(batch, cache->views(), &picks);
     Launched next = advance(plan.entries);
     if (launched) complete_launched();  // the step before, which ran ahead of this one
     launched = std::move(next);

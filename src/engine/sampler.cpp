@@ -19,26 +19,40 @@ void Sampler::accept(int32_t token) {
   output_counts_[token]++;
 }
 
-void Sampler::apply_penalties(float* logits, int vocab) const {
-  auto in_vocab = [&](int32_t t) { return t >= 0 && t < vocab; };
-  if (p_.repetition_penalty != 1.0f) {
-    // Each token of the prompt or the output once (no merged set: a long prompt was copied
-    // into one per token).
-    auto penalize = [&](int32_t t) {
-      float& l = logits[t];
-      l = l > 0 ? l / p_.repetition_penalty : l * p_.repetition_penalty;
-    };
-    for (int32_t t : prompt_tokens_) {
-      if (in_vocab(t)) penalize(t);
-    }
-    for (const auto& [t, c] : output_counts_) {
-      if (in_vocab(t) && !prompt_tokens_.contains(t)) penalize(t);
-    }
+TokenPenalties Sampler::penalties() const {
+  TokenPenalties t;
+  t.repetition = p_.repetition_penalty;
+  t.presence = p_.presence_penalty;
+  t.frequency = p_.frequency_penalty;
+  return t;
+}
+
+void Sampler::penalty_entries(std::vector<PenaltyEntry>* out) const {
+  if (!has_penalties()) return;
+  // The prompt's tokens count only for the repetition penalty (the set is empty otherwise).
+  for (int32_t t : prompt_tokens_) {
+    const auto it = output_counts_.find(t);
+    out->push_back({t, it == output_counts_.end() ? 0 : it->second});
   }
-  if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) {
-    for (const auto& [t, c] : output_counts_) {
-      if (!in_vocab(t)) continue;
-      logits[t] -= p_.frequency_penalty * static_cast<float>(c) + p_.presence_penalty;
+  for (const auto& [t, c] : output_counts_) {
+    if (!prompt_tokens_.contains(t)) out->push_back({t, c});
+  }
+}
+
+size_t Sampler::penalty_entry_count() const {
+  if (!has_penalties()) return 0;
+  size_t n = prompt_tokens_.size();
+  for (const auto& [t, c] : output_counts_) n += prompt_tokens_.contains(t) ? 0 : 1;
+  return n;
+}
+
+void Sampler::apply_penalties(float* logits, int vocab) const {
+  entries_.clear();
+  penalty_entries(&entries_);
+  const TokenPenalties pen = penalties();
+  for (const PenaltyEntry& e : entries_) {
+    if (e.token >= 0 && e.token < vocab) {
+      logits[e.token] = penalized_logit(logits[e.token], pen, e.output_count);
     }
   }
 }
@@ -69,12 +83,6 @@ TokenPick Sampler::pick() const {
   p.top_p = p_.top_p;
   p.min_p = p_.min_p;
   return p;
-}
-
-bool Sampler::device_pick(TokenPick* pick) const {
-  if (has_penalties()) return false;
-  *pick = this->pick();
-  return true;
 }
 
 double Sampler::next_uniform() {

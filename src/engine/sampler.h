@@ -29,9 +29,16 @@ class Sampler {
                      std::vector<float>* work);
   // Records a token appended to the output (for the penalties). sample() does not.
   void accept(int32_t token);
-  // The pick a backend can make without the host (Backend::pick_tokens): false when penalties
-  // need the logits here. Its draw `u` is left 0; next_uniform() gives it.
-  bool device_pick(TokenPick* pick) const;
+  // The pick a backend makes without the host (Backend::pick_tokens), after the penalties
+  // (Backend::penalize_rows) when penalties() has any. Its draw `u` is left 0; next_uniform()
+  // gives it.
+  TokenPick device_pick() const { return pick(); }
+  TokenPenalties penalties() const;
+  // Appends the tokens the penalties touch (the prompt's when repetition != 1, the output's,
+  // each once with its output count); none without penalties. penalty_entry_count() says how
+  // many without building them.
+  void penalty_entries(std::vector<PenaltyEntry>* out) const;
+  size_t penalty_entry_count() const;
   // The next draw of this sequence's generator, uniform in [0, 1) (53 bits). Every sampled
   // token takes one, on the host or on a device.
   double next_uniform();
@@ -59,6 +66,7 @@ class Sampler {
   std::unordered_set<int32_t> prompt_tokens_;
   std::unordered_map<int32_t, int> output_counts_;
   PickScratch scratch_;
+  mutable std::vector<PenaltyEntry> entries_;  // apply_penalties' scratch
 };
 
 // Raw log-softmax of `logits` at `token`, and the top `k` entries (k may be 0).

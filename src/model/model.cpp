@@ -296,23 +296,45 @@ void Model::forward(const Batch& batch, const CacheViews& caches, std::vector<fl
   }
 }
 
-void Model::launch_picks(const Batch& batch, const CacheViews& caches,
-                         const std::vector<TokenPick>& picks) {
+void Model::launch_picks(const Batch& batch, const CacheViews& caches, StepPicks* picks) {
   TM_CHECK(static_cast<int>(launched_.size()) < kMaxLaunched,
            "more than {} steps launched and not collected", kMaxLaunched);
-  const int R0 = static_cast<int>(batch.logit_rows.size());
-  TM_CHECK(picks.empty() || static_cast<int>(picks.size()) == R0,
-           "launch_picks: {} picks for {} logit rows", picks.size(), R0);
-  if (picks.empty()) greedy_picks_.assign(static_cast<size_t>(R0), TokenPick{});
-  const TokenPick* pick = picks.empty() ? greedy_picks_.data() : picks.data();
+  const size_t R0 = batch.logit_rows.size();
+  const bool sampled = picks != nullptr && !picks->picks.empty();
+  const bool penalized = picks != nullptr && !picks->penalties.empty();
+  TM_CHECK((!sampled || picks->picks.size() == R0) && (!penalized || picks->penalties.size() == R0),
+           "launch_picks: {} picks and {} penalty rows for {} logit rows",
+           sampled ? picks->picks.size() : 0, penalized ? picks->penalties.size() : 0, R0);
+  if (!sampled) greedy_picks_.assign(R0, TokenPick{});
+  const TokenPick* pick = sampled ? picks->picks.data() : greedy_picks_.data();
+  if (penalized) {
+    // A penalized row's input token still on the device is its sequence's newest output.
+    for (size_t i = 0; i < R0; ++i) {
+      PenaltyRow& pr = picks->penalties[i];
+      pr.pending_at = -1;
+      if (!pr.penalties.any()) continue;
+      for (const auto& [row, id_row] : batch.tokens_from_last_step) {
+        if (row == batch.logit_rows[i]) pr.pending_at = row;
+      }
+    }
+    TM_CHECK(static_cast<int64_t>(picks->entries.size()) <= backend_.max_penalty_entries(),
+             "launch_picks: {} penalty entries, the backend takes {}", picks->entries.size(),
+             backend_.max_penalty_entries());
+  }
   int pass = 0;
   bool recorded = false;
   const int R = run_batch(batch, caches, false, &pass, &recorded);
   Scratch& s = *s_;
+  const int64_t V = cfg_.vocab_size;
   for (int first = 0; first < R; first += pass) {
     const int rows = std::min(pass, R - first);
     if (!recorded) project_logits(first, rows);
-    backend_.pick_tokens(s.logits, rows, cfg_.vocab_size, pick + first, s.picked + first);
+    if (penalized) {
+      backend_.penalize_rows(s.logits, rows, V, picks->penalties.data() + first,
+                             picks->entries.data(), static_cast<int64_t>(picks->entries.size()),
+                             s.tokens);
+    }
+    backend_.pick_tokens(s.logits, rows, V, pick + first, s.picked + first);
   }
   last_picked_rows_ = R;
   LaunchedIds& l = launched_.emplace_back();

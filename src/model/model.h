@@ -38,6 +38,15 @@ struct CacheGeometry {
   int64_t state_bytes_per_seq() const;
 };
 
+// How a step's logit rows become tokens on the backend (Model::launch_picks): picks[i] for
+// logit row i (empty: all greedy), after penalties[i] (empty: none) over `entries`
+// (Backend::penalize_rows). launch_picks fills in each penalized row's pending_at.
+struct StepPicks {
+  std::vector<TokenPick> picks;
+  std::vector<PenaltyRow> penalties;
+  std::vector<PenaltyEntry> entries;
+};
+
 class Model {
  public:
   // Opens the directory, validates config and weights, and binds every tensor.
@@ -62,9 +71,11 @@ class Model {
   // when hidden != nullptr, the final-normed hidden states of the same rows [rows, hidden].
   void forward(const Batch& batch, const CacheViews& caches, std::vector<float>* logits,
                std::vector<float>* hidden = nullptr);
-  // The same forward, but only each logit row's token leaves the device: the one picks[i]
-  // takes from logit row i (Backend::pick_tokens: the argmax, or a seeded draw; empty picks: all
-  // greedy), ids [batch.logit_rows.size()] in host memory. What decoding needs without
+  // The same forward, but only each logit row's token leaves the device: the one `picks` takes
+  // from it (Backend::penalize_rows, then Backend::pick_tokens: the argmax, or a seeded draw;
+  // null: all greedy), ids [batch.logit_rows.size()] in host memory. A penalized row whose
+  // input token comes from the last step (Batch::tokens_from_last_step) counts it as one more
+  // output occurrence: the caller has not seen it yet. What decoding needs without
   // downloading and scanning rows x vocab logits on the host. In two halves, so the host can
   // prepare and launch the next step while this one runs: launch_picks issues the step (its
   // ids' copy to the host included) and returns without waiting where the backend runs
@@ -72,8 +83,7 @@ class Model {
   // collected. The next batch may take tokens from the ids of the step launched last
   // (Batch::tokens_from_last_step). At most kMaxLaunched steps are launched and not collected;
   // discard_launched() drops them (after a failure).
-  void launch_picks(const Batch& batch, const CacheViews& caches,
-                    const std::vector<TokenPick>& picks = {});
+  void launch_picks(const Batch& batch, const CacheViews& caches, StepPicks* picks = nullptr);
   void collect_picks(std::vector<int32_t>* ids);
   void discard_launched();
   static constexpr int kMaxLaunched = 2;

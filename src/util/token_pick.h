@@ -32,6 +32,43 @@ struct TokenPick {
 bool pick_candidates(const float* logits, int vocab, const TokenPick& p,
                      std::vector<std::pair<float, int32_t>>* out, std::vector<float>* heap);
 
+// The penalties applied to logits before a pick, in vLLM's form: a token of the prompt or the
+// output has its logit divided (when positive) or multiplied by `repetition`; a token the
+// output holds c times then loses fma(frequency, c, presence). Each token once per step.
+struct TokenPenalties {
+  float repetition = 1.0f;
+  float presence = 0.0f;
+  float frequency = 0.0f;
+  bool any() const { return repetition != 1.0f || presence != 0.0f || frequency != 0.0f; }
+};
+
+// One token a row's penalties touch: in the prompt (when repetition != 1) or the output, which
+// holds it output_count times (0: the prompt only). A row's entries name distinct tokens.
+struct PenaltyEntry {
+  int32_t token = 0;
+  int32_t output_count = 0;
+};
+
+// A row's penalties for Backend::penalize_rows: entries [first, first + count) of the step's
+// list, and one more output occurrence of the token at index pending_at of the step's token
+// ids (a token the device picked and the caller has not seen yet; -1: none).
+struct PenaltyRow {
+  TokenPenalties penalties;
+  int32_t first = 0;
+  int32_t count = 0;
+  int32_t pending_at = -1;
+};
+
+// The logit of an entry's token after the penalties (the one expression every backend uses:
+// fma keeps the frequency term's rounding the same everywhere).
+inline float penalized_logit(float logit, const TokenPenalties& p, int output_count) {
+  if (p.repetition != 1.0f) logit = logit > 0.0f ? logit / p.repetition : logit * p.repetition;
+  if (output_count > 0) {
+    logit -= __builtin_fmaf(p.frequency, static_cast<float>(output_count), p.presence);
+  }
+  return logit;
+}
+
 // Scratch for pick_token, reused across calls.
 struct PickScratch {
   std::vector<std::pair<float, int32_t>> cand;

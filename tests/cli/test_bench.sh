@@ -3,9 +3,9 @@
 # prefill length, decode context and batch size; the JSON report carries the measured device
 # figures, the per-test rates and the peak memory; the chart is a complete SVG document;
 # a missing model directory, a zero batch size, an unknown --prefill-precision and a top-p above 1
-# fail with messages naming them; --temperature/--top-k/--top-p sample and the report says so. (Contexts
-# shorter than the batch sweep's 64-token prompts once made the batch sweep overflow the
-# context window.)
+# fail with messages naming them; --temperature/--top-k/--top-p/--presence-penalty sample and the
+# report says so. (Contexts shorter than the batch sweep's 64-token prompts once made the batch
+# sweep overflow the context window.)
 set -euo pipefail
 BIN="$1"
 ROOT="${TM_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
@@ -61,9 +61,9 @@ grep -q "no effect on the CPU backend" "$TMP/o5.txt" || { echo "no note for fast
 # Sampled decoding: the report and the JSON say how tokens were chosen; greedy is the default.
 grep -q "sampling: greedy" "$TMP/out.txt" || { echo "no greedy sampling line:"; cat "$TMP/out.txt"; exit 1; }
 "$BIN" bench "$ROOT/models/demo" --device cpu --threads 2 --prompt-lengths 16 --contexts 16 \
-  --batches 2 --decode-tokens 4 --temperature 0.7 --top-k 20 --top-p 0.9 --json "$TMP/d.json" \
-  --chart "$TMP/d.svg" > "$TMP/o6.txt" 2>&1
-grep -q "sampling: temperature 0.7, top-k 20, top-p 0.9" "$TMP/o6.txt" || { echo "no sampling line:"; cat "$TMP/o6.txt"; exit 1; }
+  --batches 2 --decode-tokens 4 --temperature 0.7 --top-k 20 --top-p 0.9 --presence-penalty 1.5 \
+  --json "$TMP/d.json" --chart "$TMP/d.svg" > "$TMP/o6.txt" 2>&1
+grep -q "sampling: temperature 0.7, top-k 20, top-p 0.9, presence penalty 1.5" "$TMP/o6.txt" || { echo "no sampling line:"; cat "$TMP/o6.txt"; exit 1; }
 "$PY" -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["sampling"].startswith("temperature 0.7"), r["sampling"]; assert r["batch"][0]["aggregate_tok_s"] > 0, r' "$TMP/d.json"
 if "$BIN" bench "$ROOT/models/demo" --device cpu --top-p 1.5 > "$TMP/o7.txt" 2>&1; then
   echo "bench with --top-p 1.5 succeeded"; exit 1

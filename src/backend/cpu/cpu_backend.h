@@ -73,6 +73,9 @@ class CpuBackend final : public Backend {
   void pick_tokens(const float* x, int64_t rows, int64_t cols, const TokenPick* picks,
                    int32_t* out) override;
   bool can_pick(const TokenPick& pick, int64_t cols) const override;
+  void penalize_rows(float* x, int64_t n_rows, int64_t cols, const PenaltyRow* rows,
+                     const PenaltyEntry* entries, int64_t n_entries,
+                     const int32_t* tokens) override;
 
   void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) override;
   // Decode (n <= kGemvMaxRows): one parallel GEMV over the rows of all the matrices, with x

@@ -193,6 +193,30 @@ void CpuBackend::pick_tokens(const float* x, int64_t rows, int64_t cols, const T
   });
 }
 
+void CpuBackend::penalize_rows(float* x, int64_t n_rows, int64_t cols, const PenaltyRow* rows,
+                               const PenaltyEntry* entries, int64_t n_entries,
+                               const int32_t* tokens) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const PenaltyRow& pr = rows[r];
+    TM_CHECK(pr.first >= 0 && pr.count >= 0 && pr.first + int64_t{pr.count} <= n_entries,
+             "penalize_rows: row {} names entries {}..{} of {}", r, pr.first,
+             pr.first + int64_t{pr.count}, n_entries);
+    float* row = x + r * cols;
+    const int32_t pending = pr.pending_at >= 0 ? tokens[pr.pending_at] : -1;
+    bool pending_seen = false;
+    for (int32_t i = pr.first; i < pr.first + pr.count; ++i) {
+      const PenaltyEntry& e = entries[i];
+      if (e.token < 0 || e.token >= cols) continue;
+      const bool is_pending = e.token == pending;
+      pending_seen |= is_pending;
+      row[e.token] = penalized_logit(row[e.token], pr.penalties, e.output_count + is_pending);
+    }
+    if (!pending_seen && pending >= 0 && pending < cols) {
+      row[pending] = penalized_logit(row[pending], pr.penalties, 1);
+    }
+  }
+}
+
 bool CpuBackend::can_pick(const TokenPick& pick, int64_t cols) const {
   (void)pick;
   (void)cols;

@@ -65,10 +65,12 @@ bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const
                                const float* g, const float* beta, float* out, float* ws,
                                size_t ws_floats);
 
-// pick_tokens' sampled rows (cuda_pick.cu): the workspace it needs (allocated once, zeroed) and
-// the picks it makes (greedy ones always; sampled ones with 1 <= top_k <= 128 below the width).
+// pick_tokens' sampled rows and penalize_rows (cuda_pick.cu): the workspace they need (allocated
+// once, zeroed) and the picks it makes (greedy ones always; sampled ones with 1 <= top_k <= 128
+// below the width).
 size_t pick_workspace_bytes();
 bool pick_supported(const TokenPick& pick, int64_t cols);
+int64_t penalty_max_entries();  // penalize_rows' entries a call
 }  // namespace cuda
 
 class CudaBackend final : public Backend {
@@ -130,6 +132,10 @@ class CudaBackend final : public Backend {
   void pick_tokens(const float* x, int64_t rows, int64_t cols, const TokenPick* picks,
                    int32_t* out) override;
   bool can_pick(const TokenPick& pick, int64_t cols) const override;
+  void penalize_rows(float* x, int64_t n_rows, int64_t cols, const PenaltyRow* rows,
+                     const PenaltyEntry* entries, int64_t n_entries,
+                     const int32_t* tokens) override;
+  int64_t max_penalty_entries() const override;
 
   void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) override;
   void rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h, int64_t rows,

@@ -276,11 +276,55 @@ __global__ void __launch_bounds__(kPickThreads)
   out[r] = id;
 }
 
+// util/token_pick.h's penalized_logit (the same operations: IEEE division, one fma).
+__device__ __forceinline__ float penalized(float l, const TokenPenalties& p, int output_count) {
+  if (p.repetition != 1.0f) l = l > 0.0f ? l / p.repetition : l * p.repetition;
+  if (output_count > 0) l -= fmaf(p.frequency, static_cast<float>(output_count), p.presence);
+  return l;
+}
+
+// Block per row: its entries name distinct tokens, so each logit is written once; the pending
+// token (the row's newest output, picked on the device) adds one occurrence to its entry or
+// becomes one.
+__global__ void penalize_rows_kernel(float* x, int cols, const PenaltyRow* __restrict__ rows,
+                                     const PenaltyEntry* __restrict__ entries,
+                                     const int32_t* __restrict__ tokens) {
+  pdl_begin();
+  __shared__ int seen;
+  const PenaltyRow pr = rows[blockIdx.x];
+  float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  const int32_t pending = pr.pending_at >= 0 ? tokens[pr.pending_at] : -1;
+  if (threadIdx.x == 0) seen = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < pr.count; i += blockDim.x) {
+    const PenaltyEntry e = entries[pr.first + i];
+    if (e.token < 0 || e.token >= cols) continue;
+    const bool is_pending = e.token == pending;
+    if (is_pending) seen = 1;
+    row[e.token] = penalized(row[e.token], pr.penalties, e.output_count + (is_pending ? 1 : 0));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && !seen && pending >= 0 && pending < cols) {
+    row[pending] = penalized(row[pending], pr.penalties, 1);
+  }
+}
+
+constexpr int64_t kPenaltyMaxRows = 1024;
+constexpr int64_t kPenaltyMaxEntries = int64_t{1} << 20;  // 8 MB
+
 }  // namespace
 
+// The workspace: candidates' keys and ids, counts, tickets (zero at rest), the picks, then the
+// penalties' rows and entries.
 size_t pick_workspace_bytes() {
   return static_cast<size_t>(kPickMaxRows) * (2 * kPickMergeCap + kPickMaxBlocks + 1) * 4 +
-         static_cast<size_t>(kPickMaxRows) * sizeof(TokenPick);
+         static_cast<size_t>(kPickMaxRows) * sizeof(TokenPick) +
+         static_cast<size_t>(kPenaltyMaxRows) * sizeof(PenaltyRow) +
+         static_cast<size_t>(kPenaltyMaxEntries) * sizeof(PenaltyEntry);
+}
+
+int64_t penalty_max_entries() {
+  return kPenaltyMaxEntries;
 }
 
 bool pick_supported(const TokenPick& p, int64_t cols) {
@@ -296,6 +340,39 @@ namespace tokenmill {
 
 bool CudaBackend::can_pick(const TokenPick& pick, int64_t cols) const {
   return cuda::pick_supported(pick, cols);
+}
+
+int64_t CudaBackend::max_penalty_entries() const {
+  return cuda::penalty_max_entries();
+}
+
+void CudaBackend::penalize_rows(float* x, int64_t n_rows, int64_t cols, const PenaltyRow* rows,
+                                const PenaltyEntry* entries, int64_t n_entries,
+                                const int32_t* tokens) {
+  TM_CUDA_REQUIRE(n_entries >= 0 && n_entries <= cuda::kPenaltyMaxEntries && cols <= INT32_MAX,
+                  "penalize_rows: more entries than max_penalty_entries()");
+  if (n_rows <= 0) return;
+  auto* dev_rows = reinterpret_cast<PenaltyRow*>(
+      static_cast<char*>(pick_ws_) + cuda::pick_workspace_bytes() -
+      cuda::kPenaltyMaxEntries * sizeof(PenaltyEntry) - cuda::kPenaltyMaxRows * sizeof(PenaltyRow));
+  auto* dev_entries = reinterpret_cast<PenaltyEntry*>(dev_rows + cuda::kPenaltyMaxRows);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    TM_CUDA_REQUIRE(rows[r].first >= 0 && rows[r].count >= 0 &&
+                        rows[r].first + int64_t{rows[r].count} <= n_entries,
+                    "penalize_rows: a row names entries outside the list");
+  }
+  if (n_entries > 0) {
+    upload(dev_entries, entries, static_cast<size_t>(n_entries) * sizeof(PenaltyEntry));
+  }
+  for (int64_t r0 = 0; r0 < n_rows; r0 += cuda::kPenaltyMaxRows) {
+    const int64_t n = std::min(cuda::kPenaltyMaxRows, n_rows - r0);
+    upload(dev_rows, rows + r0, static_cast<size_t>(n) * sizeof(PenaltyRow));
+    cuda::launch_pdl(cuda::penalize_rows_kernel, dim3(static_cast<unsigned>(n)), dim3(256), 0,
+                     stream_, x + r0 * cols, static_cast<int>(cols),
+                     static_cast<const PenaltyRow*>(dev_rows),
+                     static_cast<const PenaltyEntry*>(dev_entries), tokens);
+    TM_CUDA_LAUNCHED();
+  }
 }
 
 void CudaBackend::pick_tokens(const float* x, int64_t rows, int64_t cols, const TokenPick* picks,

@@ -249,6 +249,8 @@ TEST(CudaEngine, OverlappedStepsEqualWaitingSteps) {
     waves[2][0].sampling.top_k = 20;
     waves[2][1].sampling.top_k = 50;
     waves[2][1].sampling.top_p = 0.9f;
+    waves[2][1].sampling.presence_penalty = 1.5f;  // penalties on the device too
+    waves[2][1].sampling.repetition_penalty = 1.1f;
     got.emplace_back();
     for (auto& wave : waves) {
       std::vector<std::shared_ptr<RequestStream>> streams;

@@ -1,7 +1,8 @@
-// Backend::pick_tokens on the device against the CPU backend's (util/token_pick.h on the host):
-// the same kept set in the same order, so the same token for the same draw, unless the draw
-// falls within a hair of a boundary between two tokens' shares (the device's expf and the
-// host's exp may differ in their last bits).
+// Backend::pick_tokens and penalize_rows on the device against the CPU backend's
+// (util/token_pick.h on the host). Picks: the same kept set in the same order, so the same token
+// for the same draw, unless the draw falls within a hair of a boundary between two tokens'
+// shares (the device's expf and the host's exp may differ in their last bits). Penalties: the
+// same bits.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -85,6 +86,51 @@ TEST_F(CudaPick, SampledPicksMatchHost) {
       EXPECT_LE(hairs, 1) << "cols " << cols;
     }
   }
+}
+
+// Penalties on the device equal the CPU backend's bit for bit (the same IEEE division and one
+// fma): rows with each penalty alone and together, prompt-only entries (output count 0), a
+// pending token that is among the entries (one more count) or not (a new entry), rows without
+// penalties beside them, tokens outside the row ignored, and more rows than one launch takes.
+TEST_F(CudaPick, PenalizeRowsMatchesCpu) {
+  Rng rng(31);
+  const int cols = 5000, rows = 1100;
+  std::vector<float> x = rng.normals(static_cast<size_t>(rows) * cols, 4.0f);
+  std::vector<PenaltyRow> pr(rows);
+  std::vector<PenaltyEntry> entries;
+  std::vector<int32_t> tokens(rows);
+  for (int r = 0; r < rows; ++r) {
+    PenaltyRow& p = pr[static_cast<size_t>(r)];
+    if (r % 5 == 4) continue;  // none
+    p.penalties.repetition = r % 3 == 0 ? 1.0f : 1.3f;
+    p.penalties.presence = r % 4 == 0 ? 0.0f : 1.5f;
+    p.penalties.frequency = r % 2 ? 0.25f : -0.7f;
+    p.first = static_cast<int32_t>(entries.size());
+    const int n = rng.integer(0, 60);
+    for (int i = 0; i < n; ++i) {
+      // Distinct tokens: i * 83 + r % 83 never repeats within the row (n * 83 < cols + 83).
+      const int32_t t = i == 7 ? cols + 3 : (i * 83 + r % 83) % cols;
+      entries.push_back({t, rng.integer(0, 3)});
+    }
+    p.count = static_cast<int32_t>(entries.size()) - p.first;
+    tokens[static_cast<size_t>(r)] = r % 3 == 1 && n > 0
+                                         ? entries[static_cast<size_t>(p.first)].token
+                                         : rng.integer(0, cols - 1);
+    p.pending_at = r % 7 == 6 ? -1 : r;
+  }
+  std::vector<float> want = x;
+  cpu->penalize_rows(want.data(), rows, cols, pr.data(), entries.data(),
+                     static_cast<int64_t>(entries.size()), tokens.data());
+  float* dx = up(x);
+  gpu->penalize_rows(dx, rows, cols, pr.data(), entries.data(),
+                     static_cast<int64_t>(entries.size()), up(tokens));
+  const std::vector<float> got = down(dx, x.size());
+  int changed = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(got[i], want[i]) << "row " << i / cols << " token " << i % cols;
+    changed += want[i] != x[i];
+  }
+  EXPECT_GT(changed, 20000);  // the penalties did something
 }
 
 // What the device refuses (the engine then samples on the host): no top-k, a top-k above 128

@@ -137,27 +137,31 @@ TEST_F(EngineTest, GreedyIdsAndLogitsStepsAgree) {
   }
 }
 
-// A sampled request without logprobs or penalties is picked by the backend
-// (Backend::pick_tokens: only ids leave it, and its steps overlap); asking for logprobs brings
-// its logits to the host, where the engine's sampler draws. Both take the same draws from the
-// request's generator and follow util/token_pick.h, so they choose the same tokens: top-k alone,
-// with top-p, with min-p, and neither (the whole vocabulary).
+// A request without logprobs is picked by the backend (Backend::penalize_rows and
+// pick_tokens: only ids leave it, and its steps overlap, the newest output token still on the
+// device counted in the penalties); asking for logprobs brings its logits to the host, where the
+// engine's sampler penalizes and draws. Both take the same draws from the request's generator
+// and follow util/token_pick.h, so they choose the same tokens: top-k alone, with top-p, with
+// min-p, neither (the whole vocabulary), with each penalty, and greedy with penalties.
 TEST_F(EngineTest, SampledPicksOnBackendEqualHostSampling) {
   Harness h(*dir_);
   std::vector<GenerationRequest> reqs;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 7; ++i) {
     GenerationRequest r = greedy(random_ids(6 + 7 * i, h.vocab(), 700 + i), 14);
-    r.sampling.temperature = 0.6f + 0.3f * static_cast<float>(i);
-    r.sampling.top_k = i == 3 ? 0 : 5 + 10 * i;
+    r.sampling.temperature = i == 6 ? 0.0f : 0.6f + 0.3f * static_cast<float>(i % 4);
+    r.sampling.top_k = i == 3 ? 0 : 5 + 10 * (i % 4);
     r.sampling.top_p = i == 0 || i == 3 ? 1.0f : 0.9f;
     r.sampling.min_p = i == 2 ? 0.02f : 0.0f;
+    if (i == 4) r.sampling.repetition_penalty = 1.3f;
+    if (i == 5 || i == 6) r.sampling.presence_penalty = i == 5 ? 1.5f : -50.0f;  // repeats
+    if (i == 5) r.sampling.frequency_penalty = -1.5f;  // repeats, more with every one
     r.sampling.seed = 77 + static_cast<uint64_t>(i);
     reqs.push_back(r);
   }
   std::vector<std::vector<int32_t>> got[2];
   for (int host = 0; host < 2; ++host) {
     EngineOptions o;
-    o.max_seqs = 4;
+    o.max_seqs = 7;
     o.memory_budget_bytes = 64 << 20;
     Engine e(*h.model, o);
     std::vector<std::shared_ptr<RequestStream>> streams;
@@ -314,9 +318,9 @@ TEST_F(EngineTest, StepsAllocateNothing) {
 // Overlapped steps (EngineOptions::overlap_steps): the next decode step is launched before the
 // last one's ids are read, its tokens taken from them on the device. Stop tokens (the
 // overlapped row is discarded), length limits, a forced end of reasoning, a sampled request
-// (picked by the backend) beside greedy ones, a request whose logprobs need its logits on the
-// host, requests arriving mid-decode and queued behind a full batch, and preemption must give
-// exactly what steps that wait for their results give.
+// with penalties (picked by the backend) beside greedy ones, a request whose logprobs need its
+// logits on the host, requests arriving mid-decode and queued behind a full batch, and preemption
+// must give exactly what steps that wait for their results give.
 TEST_F(EngineTest, OverlappedStepsEqualWaitingSteps) {
   Harness h(*dir_);
   std::vector<std::vector<int32_t>> prompts;
@@ -345,6 +349,8 @@ TEST_F(EngineTest, OverlappedStepsEqualWaitingSteps) {
     rs.push_back(greedy(prompts[3], 8));
     rs.back().sampling.temperature = 0.8f;
     rs.back().sampling.seed = 11;
+    rs.back().sampling.presence_penalty = 1.0f;
+    rs.back().sampling.repetition_penalty = 1.2f;
     rs.push_back(greedy(prompts[4], 1));
     rs.push_back(greedy(prompts[5], 0));
     rs.push_back(greedy(prompts[6], 11));
