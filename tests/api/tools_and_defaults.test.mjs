@@ -165,19 +165,28 @@ test('cached_tokens tells the truth: 0 without a prefix cache', async () => {
   assert.equal(m.totals.cached_prompt_tokens, 0);
 });
 
-test('greedy decode steps overlap through the server', async () => {
-  // Plain greedy rows (no penalty: the demo's generation_config sets one) are launched behind
-  // the step before; the engine tests check the tokens equal those of steps that wait.
+test('decode steps overlap through the server, greedy and sampled with penalties', async () => {
+  // Rows picked on the device (greedy, or sampled with top-k, penalties included: the demo's
+  // generation_config sets a repetition penalty) are launched behind the step before; the
+  // engine tests check the tokens equal those of steps that wait. A request asking for
+  // logprobs needs its logits on the host: its steps wait.
   const totals = async () => (await status()).models.find((x) => x.name === MODEL).totals;
-  const before = await totals();
-  const r = await openai.chat.completions.create({
-    ...GREEDY, max_tokens: 16, repetition_penalty: 1, ...NO_THINK, messages: USER,
-  });
-  assert.ok(r.usage.completion_tokens >= 1);
-  const after = await totals();
-  assert.equal(typeof after.steps_overlapped, 'number');
-  assert.ok(after.steps_overlapped > before.steps_overlapped, JSON.stringify([before, after]));
-  assert.ok(after.steps_overlapped - before.steps_overlapped <= after.steps - before.steps);
+  const overlapped = async (req) => {
+    const before = await totals();
+    const r = await openai.chat.completions.create({ max_tokens: 16, ...NO_THINK, messages: USER, ...req });
+    assert.ok(r.usage.completion_tokens >= 8, JSON.stringify(r.usage));
+    const after = await totals();
+    assert.equal(typeof after.steps_overlapped, 'number');
+    assert.ok(after.steps_overlapped - before.steps_overlapped <= after.steps - before.steps);
+    return after.steps_overlapped - before.steps_overlapped;
+  };
+  const ignore = { ignore_eos: true };
+  assert.ok(await overlapped({ ...GREEDY, ...ignore, repetition_penalty: 1 }) > 0);
+  assert.ok(await overlapped({ ...GREEDY, ...ignore }) > 0);
+  assert.ok(await overlapped({
+    model: MODEL, temperature: 0.8, top_k: 20, top_p: 0.95, presence_penalty: 1.5, seed: 5, ...ignore,
+  }) > 0);
+  assert.equal(await overlapped({ ...GREEDY, ...ignore, logprobs: true }), 0);
 });
 
 test('generation_config.json sampling defaults apply to requests that set none', async () => {
