@@ -8,7 +8,10 @@
 // hi + lo parts in shared memory; S = Q K^T and O += P V run as three F16 products each
 // (hi*hi + hi*lo + lo*hi), about 22 significant bits per operand: prefill then agrees with the
 // F32 decode kernels (and the CPU) to F32 rounding, as the prefill GEMM does (cuda_gemm.cu).
-// PrefillPrecision::kFast (--prefill-precision fast): hi*hi only, one pass per product.
+// PrefillPrecision::kFast (--prefill-precision fast): hi*hi only, one pass per product. Over a
+// BF16 cache K and V are exact in F16 (8 significant bits), so their lo parts are not stored
+// and lo*hi is skipped: two passes per product (a BF16 value below 2^-17 rounds to F16's
+// subnormal spacing, 2^-25 at most, far below the output's F32 rounding at real scales).
 // Invariant: |q|, |k|, |v| stay inside the F16 range (65504), as normed queries and keys and the
 // values of real models do.
 //
@@ -19,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <climits>
+#include <type_traits>
 
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -75,27 +79,27 @@ __device__ __forceinline__ void store_split4(__half* p, int lo_off, float4 x) {
 // terms first. The caller adds d to its running sum in F32: the tensor cores' F32 accumulation
 // truncates, and a long chain of mma.sync into one accumulator drifted ~1e-5 relative off the
 // CPU (measured); a fresh accumulator per step keeps that error per step.
-// kFast (PrefillPrecision::kFast): ah * bh only.
-template <bool kFast>
+// kFast (PrefillPrecision::kFast): ah * bh only; kBExact (b exact in F16, bl zero): no ah * bl.
+template <bool kFast, bool kBExact>
 __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4],
                                      const uint32_t (&al)[4], uint32_t bh0, uint32_t bh1,
                                      uint32_t bl0, uint32_t bl1) {
   d[0] = d[1] = d[2] = d[3] = 0.0f;
   if constexpr (!kFast) {
     mma_f16(d, al[0], al[1], al[2], al[3], bh0, bh1);
-    mma_f16(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+    if constexpr (!kBExact) mma_f16(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
   }
   mma_f16(d, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
 }
-// d += the same three products, in place: for O, whose chain per tile is short (the scores'
-// chain runs over all of head_dim).
-template <bool kFast>
+// d += the same products, in place: for O, whose chain per tile is short (the scores' chain
+// runs over all of head_dim).
+template <bool kFast, bool kBExact>
 __device__ __forceinline__ void mma3_acc(float (&d)[4], const uint32_t (&ah)[4],
                                          const uint32_t (&al)[4], uint32_t bh0, uint32_t bh1,
                                          uint32_t bl0, uint32_t bl1) {
   if constexpr (!kFast) {
     mma_f16(d, al[0], al[1], al[2], al[3], bh0, bh1);
-    mma_f16(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+    if constexpr (!kBExact) mma_f16(d, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
   }
   mma_f16(d, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
 }
@@ -114,7 +118,8 @@ constexpr size_t prefill_smem_bytes(int warps) {
 template <int D, typename T, bool kFast>
 __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(PrefillArgs a) {
   constexpr int LD = D + kPad;
-  constexpr int kDimTiles = D / 8;  // n-tiles of the output
+  constexpr int kDimTiles = D / 8;                        // n-tiles of the output
+  constexpr bool kKVExact = std::is_same_v<T, uint16_t>;  // a BF16 cache: K and V exact in F16
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int s_kmax, s_missing;
   const int warps = static_cast<int>(blockDim.x) >> 5;
@@ -202,8 +207,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
         kx = kv_load4(kc + r * cache_row + d);
         vx = kv_load4(vc + r * cache_row + d);
       }
-      store_split4<kFast>(k_s + key * LD + d, kKeys * LD, kx);
-      store_split4<kFast>(v_s + key * LD + d, kKeys * LD, vx);
+      store_split4<kFast || kKVExact>(k_s + key * LD + d, kKeys * LD, kx);
+      store_split4<kFast || kKVExact>(v_s + key * LD + d, kKeys * LD, vx);
     }
     __syncthreads();
     if (p0 > warp_kmax) continue;  // every key of the tile is past this warp's rows
@@ -223,10 +228,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
         uint32_t kh[4], kl[4] = {};
         const __half* kp = k_s + (nb * 16 + (mi >> 1) * 8 + mr) * LD + kd * 16 + (mi & 1) * 8;
         ldsm_x4(kh, kp);
-        if constexpr (!kFast) ldsm_x4(kl, kp + kKeys * LD);
+        if constexpr (!kFast && !kKVExact) ldsm_x4(kl, kp + kKeys * LD);
         float d0[4], d1[4];
-        mma3<kFast>(d0, qh, ql, kh[0], kh[1], kl[0], kl[1]);
-        mma3<kFast>(d1, qh, ql, kh[2], kh[3], kl[2], kl[3]);
+        mma3<kFast, kKVExact>(d0, qh, ql, kh[0], kh[1], kl[0], kl[1]);
+        mma3<kFast, kKVExact>(d1, qh, ql, kh[2], kh[3], kl[2], kl[3]);
         add4(sc[2 * nb], d0);
         add4(sc[2 * nb + 1], d1);
       }
@@ -286,9 +291,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
         uint32_t vh[4], vl[4] = {};
         const __half* vp = v_s + (kk * 16 + (mi & 1) * 8 + mr) * LD + dn * 16 + (mi >> 1) * 8;
         ldsm_x4_trans(vh, vp);
-        if constexpr (!kFast) ldsm_x4_trans(vl, vp + kKeys * LD);
-        mma3_acc<kFast>(o[2 * dn], ph, pl, vh[0], vh[1], vl[0], vl[1]);
-        mma3_acc<kFast>(o[2 * dn + 1], ph, pl, vh[2], vh[3], vl[2], vl[3]);
+        if constexpr (!kFast && !kKVExact) ldsm_x4_trans(vl, vp + kKeys * LD);
+        mma3_acc<kFast, kKVExact>(o[2 * dn], ph, pl, vh[0], vh[1], vl[0], vl[1]);
+        mma3_acc<kFast, kKVExact>(o[2 * dn + 1], ph, pl, vh[2], vh[3], vl[2], vl[3]);
       }
     }
   }
