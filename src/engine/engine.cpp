@@ -514,6 +514,10 @@ void Engine::Impl::step() {
     return;
   }
   TM_CHECK(!launched, "a step that needs logits was scheduled behind a launched step");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.steps_logits_to_host++;
+  }
   prepare_logits(batch.logit_rows.size() * static_cast<size_t>(model.config().vocab_size));
   model.forward(batch, cache->views(), &logits);
   const int V = static_cast<int>(model.config().vocab_size);

@@ -49,6 +49,10 @@ struct EngineStats {
   uint64_t prompt_tokens = 0, generated_tokens = 0, cached_prompt_tokens = 0;
   uint64_t steps = 0;
   uint64_t steps_overlapped = 0;  // launched while the step before was still running
+  // Steps whose logits came to the host for the engine's sampler (a row asked for logprobs,
+  // prompt scoring or a grammar, or a pick the backend does not make): these neither overlap nor
+  // leave the logits on the device.
+  uint64_t steps_logits_to_host = 0;
   double last_batch_tokens = 0;
   int max_context = 0;
   DType kv_dtype = DType::F32;  // the KV cache's elements

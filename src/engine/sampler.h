@@ -45,12 +45,6 @@ class Sampler {
 
   const SamplingParams& params() const { return p_; }
   bool greedy() const { return p_.temperature <= 0.0f; }
-  // Greedy without penalties: sample() is argmax(logits) and leaves them unchanged, so callers
-  // may skip copying the logits.
-  bool plain_greedy() const {
-    return greedy() && p_.repetition_penalty == 1.0f && p_.presence_penalty == 0.0f &&
-           p_.frequency_penalty == 0.0f;
-  }
 
  private:
   void apply_penalties(float* logits, int vocab) const;

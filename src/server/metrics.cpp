@@ -134,6 +134,10 @@ std::string Metrics::render(const std::vector<ServedModel>& models, int active_r
       {"tokenmill_engine_steps_overlapped_total",
        "Engine steps launched while the step before was still running.",
        [](const EngineStats& s) { return double(s.steps_overlapped); }},
+      {"tokenmill_engine_steps_logits_to_host_total",
+       "Engine steps whose logits went to the host for sampling (logprobs, grammars, or picks "
+       "the device does not make).",
+       [](const EngineStats& s) { return double(s.steps_logits_to_host); }},
       {"tokenmill_engine_cached_prompt_tokens_total",
        "Prompt tokens served from the prefix cache (engine).",
        [](const EngineStats& s) { return double(s.cached_prompt_tokens); }},

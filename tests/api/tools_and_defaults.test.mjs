@@ -171,13 +171,17 @@ test('decode steps overlap through the server, greedy and sampled with penalties
   // engine tests check the tokens equal those of steps that wait. A request asking for
   // logprobs needs its logits on the host: its steps wait.
   const totals = async () => (await status()).models.find((x) => x.name === MODEL).totals;
-  const overlapped = async (req) => {
+  // Returns the request's overlapped steps; a step either stays on the device (ids only) or
+  // sends its logits to the host (steps_logits_to_host), never both.
+  const overlapped = async (req, to_host) => {
     const before = await totals();
     const r = await openai.chat.completions.create({ max_tokens: 16, ...NO_THINK, messages: USER, ...req });
     assert.ok(r.usage.completion_tokens >= 8, JSON.stringify(r.usage));
     const after = await totals();
     assert.equal(typeof after.steps_overlapped, 'number');
     assert.ok(after.steps_overlapped - before.steps_overlapped <= after.steps - before.steps);
+    const host = after.steps_logits_to_host - before.steps_logits_to_host;
+    assert.equal(host, to_host ? after.steps - before.steps : 0, JSON.stringify([before, after]));
     return after.steps_overlapped - before.steps_overlapped;
   };
   const ignore = { ignore_eos: true };
@@ -186,7 +190,7 @@ test('decode steps overlap through the server, greedy and sampled with penalties
   assert.ok(await overlapped({
     model: MODEL, temperature: 0.8, top_k: 20, top_p: 0.95, presence_penalty: 1.5, seed: 5, ...ignore,
   }) > 0);
-  assert.equal(await overlapped({ ...GREEDY, ...ignore, logprobs: true }), 0);
+  assert.equal(await overlapped({ ...GREEDY, ...ignore, logprobs: true }, true), 0);
 });
 
 test('generation_config.json sampling defaults apply to requests that set none', async () => {

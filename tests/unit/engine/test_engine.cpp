@@ -170,10 +170,13 @@ TEST_F(EngineTest, SampledPicksOnBackendEqualHostSampling) {
       streams.push_back(e.submit(std::move(r)));
     }
     for (auto& st : streams) got[host].push_back(collect(*st).tokens);
+    const EngineStats st = e.stats();
     if (host) {
-      EXPECT_EQ(e.stats().steps_overlapped, 0u);
+      EXPECT_EQ(st.steps_overlapped, 0u);
+      EXPECT_EQ(st.steps_logits_to_host, st.steps);
     } else {
-      EXPECT_GT(e.stats().steps_overlapped, 0u) << "sampled steps did not overlap";
+      EXPECT_GT(st.steps_overlapped, 0u) << "sampled steps did not overlap";
+      EXPECT_EQ(st.steps_logits_to_host, 0u);
     }
   }
   for (size_t i = 0; i < reqs.size(); ++i) {
