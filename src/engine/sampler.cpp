@@ -12,11 +12,23 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 Sampler::Sampler(const SamplingParams& params, uint64_t seed, const std::vector<int32_t>& prompt)
     : p_(params), rng_(seed) {
-  if (p_.repetition_penalty != 1.0f) prompt_tokens_.insert(prompt.begin(), prompt.end());
+  // The prompt's tokens count only for the repetition penalty.
+  if (p_.repetition_penalty == 1.0f) return;
+  for (int32_t t : prompt) {
+    if (entry_of_.emplace(t, static_cast<int32_t>(entries_.size())).second) {
+      entries_.push_back({t, 0});
+    }
+  }
 }
 
 void Sampler::accept(int32_t token) {
-  output_counts_[token]++;
+  if (!has_penalties()) return;
+  const auto [it, added] = entry_of_.emplace(token, static_cast<int32_t>(entries_.size()));
+  if (added) {
+    entries_.push_back({token, 1});
+  } else {
+    entries_[static_cast<size_t>(it->second)].output_count++;
+  }
 }
 
 TokenPenalties Sampler::penalties() const {
@@ -28,27 +40,10 @@ TokenPenalties Sampler::penalties() const {
 }
 
 void Sampler::penalty_entries(std::vector<PenaltyEntry>* out) const {
-  if (!has_penalties()) return;
-  // The prompt's tokens count only for the repetition penalty (the set is empty otherwise).
-  for (int32_t t : prompt_tokens_) {
-    const auto it = output_counts_.find(t);
-    out->push_back({t, it == output_counts_.end() ? 0 : it->second});
-  }
-  for (const auto& [t, c] : output_counts_) {
-    if (!prompt_tokens_.contains(t)) out->push_back({t, c});
-  }
-}
-
-size_t Sampler::penalty_entry_count() const {
-  if (!has_penalties()) return 0;
-  size_t n = prompt_tokens_.size();
-  for (const auto& [t, c] : output_counts_) n += prompt_tokens_.contains(t) ? 0 : 1;
-  return n;
+  out->insert(out->end(), entries_.begin(), entries_.end());
 }
 
 void Sampler::apply_penalties(float* logits, int vocab) const {
-  entries_.clear();
-  penalty_entries(&entries_);
   const TokenPenalties pen = penalties();
   for (const PenaltyEntry& e : entries_) {
     if (e.token >= 0 && e.token < vocab) {

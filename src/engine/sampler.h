@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <random>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "engine/request.h"
@@ -36,9 +35,9 @@ class Sampler {
   TokenPenalties penalties() const;
   // Appends the tokens the penalties touch (the prompt's when repetition != 1, the output's,
   // each once with its output count); none without penalties. penalty_entry_count() says how
-  // many without building them.
+  // many.
   void penalty_entries(std::vector<PenaltyEntry>* out) const;
-  size_t penalty_entry_count() const;
+  size_t penalty_entry_count() const { return entries_.size(); }
   // The next draw of this sequence's generator, uniform in [0, 1) (53 bits). Every sampled
   // token takes one, on the host or on a device.
   double next_uniform();
@@ -57,10 +56,12 @@ class Sampler {
   TokenPick pick() const;  // the sampling parameters as a pick (u = 0)
   SamplingParams p_;
   std::mt19937_64 rng_;
-  std::unordered_set<int32_t> prompt_tokens_;
-  std::unordered_map<int32_t, int> output_counts_;
+  // The tokens the penalties touch, each once (none without penalties): the prompt's first
+  // (when repetition != 1), then each new output token as accept() sees it; entry_of_ finds a
+  // token's entry. Kept as tokens come, so a step copies them instead of rebuilding them.
+  std::vector<PenaltyEntry> entries_;
+  std::unordered_map<int32_t, int32_t> entry_of_;
   PickScratch scratch_;
-  mutable std::vector<PenaltyEntry> entries_;  // apply_penalties' scratch
 };
 
 // Raw log-softmax of `logits` at `token`, and the top `k` entries (k may be 0).

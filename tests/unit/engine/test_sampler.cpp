@@ -205,6 +205,37 @@ TEST(Sampler, PenaltiesFollowVllm) {
   EXPECT_FLOAT_EQ(m[4], -2.0f);
 }
 
+// The penalties' entries (what Backend::penalize_rows receives): each token once, the prompt's
+// only with a repetition penalty (output count 0 until the output holds them), the output's with
+// their counts; none without penalties.
+TEST(Sampler, PenaltyEntriesCountEachTokenOnce) {
+  const auto entries = [](const Sampler& s) {
+    std::vector<PenaltyEntry> e;
+    s.penalty_entries(&e);
+    std::map<int32_t, int32_t> m;
+    for (const PenaltyEntry& x : e) EXPECT_TRUE(m.emplace(x.token, x.output_count).second);
+    EXPECT_EQ(e.size(), s.penalty_entry_count());
+    return m;
+  };
+  SamplingParams rep;
+  rep.repetition_penalty = 1.2f;
+  Sampler a(rep, 1, {5, 7, 5, 9});
+  a.accept(7);
+  a.accept(3);
+  a.accept(3);
+  EXPECT_EQ(entries(a), (std::map<int32_t, int32_t>{{3, 2}, {5, 0}, {7, 1}, {9, 0}}));
+  SamplingParams pres;
+  pres.presence_penalty = 0.5f;
+  Sampler b(pres, 1, {5, 7});
+  b.accept(7);
+  b.accept(7);
+  b.accept(4);
+  EXPECT_EQ(entries(b), (std::map<int32_t, int32_t>{{4, 1}, {7, 2}}));
+  Sampler c(SamplingParams{}, 1, {5, 7});
+  c.accept(7);
+  EXPECT_TRUE(entries(c).empty());
+}
+
 TEST(Sampler, MaskAndSeeds) {
   SamplingParams p;
   std::vector<uint8_t> allowed = {0, 0, 0, 1, 0, 1};
