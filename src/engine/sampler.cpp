@@ -71,7 +71,7 @@ int32_t Sampler::sample_row(const float* logits, int vocab, const uint8_t* allow
   return draw(logits, vocab);
 }
 
-TokenPick Sampler::pick() const {
+TokenPick Sampler::device_pick() const {
   TokenPick p;
   p.temperature = p_.temperature;
   p.top_k = p_.top_k;
@@ -85,7 +85,7 @@ double Sampler::next_uniform() {
 }
 
 int32_t Sampler::draw(const float* logits, int vocab) {
-  TokenPick p = pick();
+  TokenPick p = device_pick();  // the same rule on the host
   if (!p.greedy()) p.u = next_uniform();
   return pick_token(logits, vocab, p, &scratch_);
 }

@@ -31,7 +31,7 @@ class Sampler {
   // The pick a backend makes without the host (Backend::pick_tokens), after the penalties
   // (Backend::penalize_rows) when penalties() has any. Its draw `u` is left 0; next_uniform()
   // gives it.
-  TokenPick device_pick() const { return pick(); }
+  TokenPick device_pick() const;
   TokenPenalties penalties() const;
   // Appends the tokens the penalties touch (the prompt's when repetition != 1, the output's,
   // each once with its output count); none without penalties. penalty_entry_count() says how
@@ -53,7 +53,6 @@ class Sampler {
   }
   // The seeded draw over final (penalized, masked) logits.
   int32_t draw(const float* logits, int vocab);
-  TokenPick pick() const;  // the sampling parameters as a pick (u = 0)
   SamplingParams p_;
   std::mt19937_64 rng_;
   // The tokens the penalties touch, each once (none without penalties): the prompt's first
