@@ -11,7 +11,9 @@
 // PrefillPrecision::kFast (--prefill-precision fast): hi*hi only, one pass per product. Over a
 // BF16 cache K and V are exact in F16 (8 significant bits), so their lo parts are not stored
 // and lo*hi is skipped: two passes per product (a BF16 value below 2^-17 rounds to F16's
-// subnormal spacing, 2^-25 at most, far below the output's F32 rounding at real scales).
+// subnormal spacing, 2^-25 at most, far below the output's F32 rounding at real scales); and
+// their tiles are copied from the cache by cp.async two stages deep, the next tile in flight
+// while this one is computed, then converted to F16 in place.
 // Invariant: |q|, |k|, |v| stay inside the F16 range (65504), as normed queries and keys and the
 // values of real models do.
 //
@@ -108,11 +110,39 @@ __device__ __forceinline__ void add4(float (&acc)[4], const float (&d)[4]) {
 }
 
 // Shared memory: Q [warps][hi, lo][16][LD], K [hi, lo][kKeys][LD], V likewise (F16, LD = D +
-// kPad), then the cache rows of the tile's keys.
+// kPad), then the cache rows of two tiles' keys. Over a BF16 cache (no lo parts) the K and V
+// regions hold two stages of hi parts instead: [stage][kKeys][LD] each.
 template <int D>
 constexpr size_t prefill_smem_bytes(int warps) {
   return (static_cast<size_t>(warps) * 32 + 4 * kKeys) * (D + kPad) * sizeof(__half) +
-         kKeys * sizeof(int64_t);
+         2 * kKeys * sizeof(int64_t);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst))),
+               "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Eight BF16 values (16 bytes) to F16 in place, rounded to nearest (exact in F16's normal range).
+__device__ __forceinline__ void bf16x8_to_f16x8(__half* p) {
+  uint4 u = *reinterpret_cast<const uint4*>(p);
+  uint32_t* w = reinterpret_cast<uint32_t*>(&u);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    w[k] = half2_bits(
+        __floats2half2_rn(__uint_as_float(w[k] << 16), __uint_as_float(w[k] & 0xffff0000u)));
+  }
+  *reinterpret_cast<uint4*>(p) = u;
 }
 
 template <int D, typename T, bool kFast>
@@ -186,33 +216,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
   // ldmatrix addressing: lane l gives row l % 8 of matrix l / 8.
   const int mi = lane >> 3, mr = lane & 7;
 
-  for (int p0 = 0; p0 <= kmax; p0 += kKeys) {
-    __syncthreads();  // the previous tile's readers are done
-    if (threadIdx.x < kKeys) {
-      const int p = p0 + static_cast<int>(threadIdx.x);
-      int64_t r = -1;
-      if (p <= kmax) {
-        r = cache_pos(a.pg.block_tables, a.pg.max_blocks_per_seq, a.kv.block_size, s, p);
-        if (r < 0) atomicMin(&s_missing, p);
-      }
-      key_row[threadIdx.x] = r;
-    }
-    __syncthreads();
-    for (int i = static_cast<int>(threadIdx.x); i < kKeys * D / 4;
-         i += static_cast<int>(blockDim.x)) {
-      const int key = i / (D / 4), d = (i % (D / 4)) * 4;
-      const int64_t r = key_row[key];
-      float4 kx = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vx = kx;  // keys past the range: zeros
-      if (r >= 0) {
-        kx = kv_load4(kc + r * cache_row + d);
-        vx = kv_load4(vc + r * cache_row + d);
-      }
-      store_split4<kFast || kKVExact>(k_s + key * LD + d, kKeys * LD, kx);
-      store_split4<kFast || kKVExact>(v_s + key * LD + d, kKeys * LD, vx);
-    }
-    __syncthreads();
-    if (p0 > warp_kmax) continue;  // every key of the tile is past this warp's rows
-
+  // One tile of kKeys keys from p0, its K and V (F16 hi parts, lo parts kKeys rows below) in
+  // ks and vs: the scores, the online softmax and O += P V for the warp's 16 rows.
+  const auto tile_update = [&](int p0, const __half* ks, const __half* vs) {
     // S = Q K^T for the warp's 16 rows x kKeys keys.
     float sc[kKeys / 8][4];
 #pragma unroll
@@ -226,7 +232,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
 #pragma unroll
       for (int nb = 0; nb < kKeys / 16; ++nb) {
         uint32_t kh[4], kl[4] = {};
-        const __half* kp = k_s + (nb * 16 + (mi >> 1) * 8 + mr) * LD + kd * 16 + (mi & 1) * 8;
+        const __half* kp = ks + (nb * 16 + (mi >> 1) * 8 + mr) * LD + kd * 16 + (mi & 1) * 8;
         ldsm_x4(kh, kp);
         if constexpr (!kFast && !kKVExact) ldsm_x4(kl, kp + kKeys * LD);
         float d0[4], d1[4];
@@ -289,12 +295,103 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
 #pragma unroll
       for (int dn = 0; dn < D / 16; ++dn) {
         uint32_t vh[4], vl[4] = {};
-        const __half* vp = v_s + (kk * 16 + (mi & 1) * 8 + mr) * LD + dn * 16 + (mi >> 1) * 8;
+        const __half* vp = vs + (kk * 16 + (mi & 1) * 8 + mr) * LD + dn * 16 + (mi >> 1) * 8;
         ldsm_x4_trans(vh, vp);
         if constexpr (!kFast && !kKVExact) ldsm_x4_trans(vl, vp + kKeys * LD);
         mma3_acc<kFast, kKVExact>(o[2 * dn], ph, pl, vh[0], vh[1], vl[0], vl[1]);
         mma3_acc<kFast, kKVExact>(o[2 * dn + 1], ph, pl, vh[2], vh[3], vl[2], vl[3]);
       }
+    }
+  };
+
+  if constexpr (kKVExact) {
+    // A BF16 cache row is copied as it is (cp.async, no registers) into one of two stages while
+    // the tile before is computed; each thread then converts the chunks it copied to F16 in
+    // place (the same rounding as a conversion in registers). key_row holds two tiles' cache
+    // rows, slot = tile & 1, written one tile before the copies that read them.
+    const int tiles = kmax < 0 ? 0 : kmax / kKeys + 1;
+    constexpr int kChunks = kKeys * D / 8;  // 16-byte chunks of K (or V) per tile
+    const auto find_rows = [&](int tile) {
+      if (threadIdx.x < kKeys) {
+        const int p = tile * kKeys + static_cast<int>(threadIdx.x);
+        int64_t r = -1;
+        if (p <= kmax) {
+          r = cache_pos(a.pg.block_tables, a.pg.max_blocks_per_seq, a.kv.block_size, s, p);
+          if (r < 0) atomicMin(&s_missing, p);
+        }
+        key_row[(tile & 1) * kKeys + threadIdx.x] = r;
+      }
+    };
+    // Chunk i of a tile: K for i < kChunks, else V; key (i % kChunks) / (D / 8).
+    const auto chunk_dst = [&](int tile, int i) {
+      const int which = i / kChunks, rem = i - which * kChunks;
+      return (which ? v_s : k_s) + (tile & 1) * kKeys * LD + (rem / (D / 8)) * LD +
+             (rem % (D / 8)) * 8;
+    };
+    const auto copy_tile = [&](int tile) {
+      if (tile < tiles) {
+        const int64_t* rows = key_row + (tile & 1) * kKeys;
+        for (int i = static_cast<int>(threadIdx.x); i < 2 * kChunks;
+             i += static_cast<int>(blockDim.x)) {
+          const int which = i / kChunks, rem = i - which * kChunks;
+          const int64_t r = rows[rem / (D / 8)];
+          __half* dst = chunk_dst(tile, i);
+          if (r >= 0) {
+            cp_async16(dst, (which ? vc : kc) + r * cache_row + (rem % (D / 8)) * 8);
+          } else {  // keys past the range (or without a block): zeros
+            *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+          }
+        }
+      }
+      cp_async_commit();  // an empty group past the last tile keeps the count uniform
+    };
+    find_rows(0);
+    find_rows(1);
+    __syncthreads();
+    copy_tile(0);
+    for (int tile = 0; tile < tiles; ++tile) {
+      copy_tile(tile + 1);
+      cp_async_wait<1>();  // this thread's copies of `tile` have landed
+      for (int i = static_cast<int>(threadIdx.x); i < 2 * kChunks;
+           i += static_cast<int>(blockDim.x)) {
+        bf16x8_to_f16x8(chunk_dst(tile, i));
+      }
+      find_rows(tile + 2);  // slot tile & 1: its rows were read by copy_tile(tile) already
+      __syncthreads();
+      const int p0 = tile * kKeys;
+      if (p0 <= warp_kmax) {
+        tile_update(p0, k_s + (tile & 1) * kKeys * LD, v_s + (tile & 1) * kKeys * LD);
+      }
+      __syncthreads();  // the stage is copied into again at the next tile
+    }
+  } else {
+    for (int p0 = 0; p0 <= kmax; p0 += kKeys) {
+      __syncthreads();  // the previous tile's readers are done
+      if (threadIdx.x < kKeys) {
+        const int p = p0 + static_cast<int>(threadIdx.x);
+        int64_t r = -1;
+        if (p <= kmax) {
+          r = cache_pos(a.pg.block_tables, a.pg.max_blocks_per_seq, a.kv.block_size, s, p);
+          if (r < 0) atomicMin(&s_missing, p);
+        }
+        key_row[threadIdx.x] = r;
+      }
+      __syncthreads();
+      for (int i = static_cast<int>(threadIdx.x); i < kKeys * D / 4;
+           i += static_cast<int>(blockDim.x)) {
+        const int key = i / (D / 4), d = (i % (D / 4)) * 4;
+        const int64_t r = key_row[key];
+        float4 kx = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vx = kx;  // keys past the range: zeros
+        if (r >= 0) {
+          kx = kv_load4(kc + r * cache_row + d);
+          vx = kv_load4(vc + r * cache_row + d);
+        }
+        store_split4<kFast || kKVExact>(k_s + key * LD + d, kKeys * LD, kx);
+        store_split4<kFast || kKVExact>(v_s + key * LD + d, kKeys * LD, vx);
+      }
+      __syncthreads();
+      if (p0 > warp_kmax) continue;  // every key of the tile is past this warp's rows
+      tile_update(p0, k_s, v_s);
     }
   }
 
