@@ -308,7 +308,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
     // A BF16 cache row is copied as it is (cp.async, no registers) into one of two stages while
     // the tile before is computed; each thread then converts the chunks it copied to F16 in
     // place (the same rounding as a conversion in registers). key_row holds two tiles' cache
-    // rows, slot = tile & 1, written one tile before the copies that read them.
+    // rows, slot = tile & 1, written one iteration before the copies that read them, each
+    // write and read separated by a barrier (racecheck: 0 hazards).
     const int tiles = kmax < 0 ? 0 : kmax / kKeys + 1;
     constexpr int kChunks = kKeys * D / 8;  // 16-byte chunks of K (or V) per tile
     const auto find_rows = [&](int tile) {
@@ -356,8 +357,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
            i += static_cast<int>(blockDim.x)) {
         bf16x8_to_f16x8(chunk_dst(tile, i));
       }
-      find_rows(tile + 2);  // slot tile & 1: its rows were read by copy_tile(tile) already
       __syncthreads();
+      // Slot tile & 1 is free once every thread is past the barrier: copy_tile(tile) read it
+      // before (in the previous iteration, or before the loop); copy_tile(tile + 2) reads it
+      // after the barrier that ends this iteration.
+      find_rows(tile + 2);
       const int p0 = tile * kKeys;
       if (p0 <= warp_kmax) {
         tile_update(p0, k_s + (tile & 1) * kKeys * LD, v_s + (tile & 1) * kKeys * LD);
