@@ -124,14 +124,6 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* src) {
                "l"(src)
                : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // Eight BF16 values (16 bytes) to F16 in place, rounded to nearest (exact in F16's normal range).
 __device__ __forceinline__ void bf16x8_to_f16x8(__half* p) {

@@ -245,6 +245,16 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
+// cp.async groups: commit the copies issued so far as one group; wait until at most N of this
+// thread's committed groups are still in flight (its copies of the others have landed).
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // mbarriers (sm_90): `count` arrivals complete a phase, together with the bytes announced by
 // mbar_expect arriving through bulk copies. Addresses are shared-memory (cvta) addresses.
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
