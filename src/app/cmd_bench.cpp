@@ -76,8 +76,10 @@ Timeline run_requests(Engine& e, const std::vector<std::vector<int32_t>>& prompt
     for (size_t i = 0; i < streams.size(); ++i) {
       if (done[i]) continue;
       for (TokenEvent& ev : streams[i]->wait(std::chrono::milliseconds(1))) {
-        double now = std::chrono::duration<double>(Clock::now() - start).count();
-        if (ev.token >= 0) t.token_times[i].push_back(now);
+        // The engine's time for the token, not this loop's: it drains a stream in bursts (a 1 ms
+        // wait per stream), which would give a burst's tokens one time.
+        double at = std::chrono::duration<double>(ev.queued_at - start).count();
+        if (ev.token >= 0) t.token_times[i].push_back(at);
         if (ev.finished) {
           if (ev.finish_reason == FinishReason::kError)
             fail("benchmark request failed: {}", ev.error);

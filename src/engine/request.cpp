@@ -12,6 +12,7 @@ std::vector<TokenEvent> RequestStream::wait(std::chrono::milliseconds timeout) {
 }
 
 void RequestStream::push(TokenEvent ev) {
+  ev.queued_at = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(std::move(ev));

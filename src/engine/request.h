@@ -82,6 +82,9 @@ struct TokenEvent {
   int cached_prompt_tokens = -1;
   std::vector<float> prompt_logprobs;
   std::vector<std::vector<TopLogprob>> prompt_top_logprobs;
+  // When the engine queued the event (RequestStream::push): callers that drain the stream in
+  // bursts still see each token's own time.
+  std::chrono::steady_clock::time_point queued_at{};
 };
 
 // The caller's side of a submitted request: a thread-safe queue of events.
