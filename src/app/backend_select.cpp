@@ -53,7 +53,8 @@ BackendHandle make_backend(const DeviceOptions& opt) {
 #ifdef TM_HAVE_CUDA
   if (opt.device == "cuda" || (opt.device == "auto" && cuda_device_count() > 0)) {
     h.backend = make_cuda_backend(
-        0, opt.prefill_precision == "fast" ? PrefillPrecision::kFast : PrefillPrecision::kExact);
+        0, opt.prefill_precision == "fast" ? PrefillPrecision::kFast : PrefillPrecision::kExact,
+        opt.l2_prefetch);
     return h;
   }
 #else

@@ -38,6 +38,7 @@ struct BenchOptions {
   bool dummy = false;
   bool no_graphs = false;
   bool no_overlap = false;
+  bool no_l2_prefetch = false;
   bool profile_ops = false;
   std::vector<int> prompts, contexts, batches;
   int decode_tokens = 32;
@@ -104,6 +105,7 @@ void bench_command(BenchOptions o) {
   if (!o.preset.empty() && !o.dummy) {
     fail("--preset needs --dummy-weights (random weights at the preset's real shapes)");
   }
+  o.device.l2_prefetch = !o.no_l2_prefetch;
   BackendHandle be = make_backend(o.device);
   const bool cpu = is_cpu_backend(*be.backend);
   if (o.prompts.empty())
@@ -121,6 +123,7 @@ void bench_command(BenchOptions o) {
   rep.device = describe_device(*be.backend, be.pool->size());
   if (!cpu && o.device.prefill_precision == "fast")
     rep.device += ", prefill precision fast (one F16 pass per matmul)";
+  if (!cpu && !o.device.l2_prefetch) rep.device += ", no L2 prefetch";
   std::fprintf(stderr, "probing %s ...\n", rep.device.c_str());
   rep.read_gbps = measure_read_bandwidth(*be.backend, *be.pool);
   rep.matmul_tflops = measure_bf16_matmul(*be.backend);
@@ -262,6 +265,9 @@ void register_bench(CLI::App& app) {
                 "Launch every op of a decode step (no recorded CUDA graphs), for comparison");
   cmd->add_flag("--no-overlap", opt->no_overlap,
                 "Wait for each decode step's results before launching the next, for comparison");
+  cmd->add_flag("--no-l2-prefetch", opt->no_l2_prefetch,
+                "CUDA: bf16/8-bit decode GEMVs do not prefetch the next one's weights into L2, "
+                "for comparison");
   cmd->add_option("--quant", opt->quant, "bf16 or q<bits>g<group> for --preset")
       ->capture_default_str();
   cmd->add_option("--prompt-lengths", opt->prompts, "Prefill lengths (default by device)")

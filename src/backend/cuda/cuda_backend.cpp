@@ -23,11 +23,12 @@ int cuda_device_count() {
   return n;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device, PrefillPrecision prefill_precision) {
-  return std::make_unique<CudaBackend>(device, prefill_precision);
+std::unique_ptr<Backend> make_cuda_backend(int device, PrefillPrecision prefill_precision,
+                                           bool l2_prefetch) {
+  return std::make_unique<CudaBackend>(device, prefill_precision, l2_prefetch);
 }
 
-CudaBackend::CudaBackend(int device, PrefillPrecision prefill_precision)
+CudaBackend::CudaBackend(int device, PrefillPrecision prefill_precision, bool l2_prefetch)
     : device_(device), prefill_precision_(prefill_precision) {
   const int count = cuda_device_count();
   if (device < 0 || device >= count) {
@@ -71,6 +72,11 @@ CudaBackend::CudaBackend(int device, PrefillPrecision prefill_precision)
   pick_ws_ = alloc(cuda::pick_workspace_bytes());
   owned_.push_back(pick_ws_);
   TM_CUDA(cudaMemset(pick_ws_, 0, cuda::pick_workspace_bytes()));
+  auto* table = static_cast<cuda::L2Prefetch*>(
+      alloc(sizeof(cuda::L2Prefetch) * static_cast<size_t>(kL2PrefetchEntries)));
+  owned_.push_back(table);
+  TM_CUDA(cudaMemset(table, 0, sizeof(cuda::L2Prefetch) * kL2PrefetchEntries));
+  l2_chain_.init(table, kL2PrefetchEntries, l2_prefetch ? kL2PrefetchBytes : 0);
   init_gemm();
 }
 
@@ -121,6 +127,7 @@ int64_t CudaBackend::free_memory_bytes() const {
 }
 
 void CudaBackend::free(void* p) {
+  l2_chain_.reset(stream_);  // its entries may point into p
   alloc_stats_.removed(p);
   if (p) TM_CUDA(cudaFree(p));
 }
@@ -319,6 +326,7 @@ int64_t CudaBackend::end_recording(bool keep) {
 void CudaBackend::replay(int64_t id) {
   TM_CUDA_REQUIRE(id >= 0 && id < static_cast<int64_t>(graphs_.size()) && graphs_[id] != nullptr,
                   "replay of an unknown recording");
+  l2_chain_.sync(stream_);  // entries learned while it was recorded
   TM_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graphs_[id]), stream_));
 }
 

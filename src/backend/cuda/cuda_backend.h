@@ -19,8 +19,10 @@ int cuda_device_count();
 enum class PrefillPrecision { kExact, kFast };
 
 // A backend running every op on CUDA device `device` on its own stream. Throws
-// tokenmill::Error when the device cannot be used.
+// tokenmill::Error when the device cannot be used. l2_prefetch: each bf16/8-bit decode GEMV
+// pulls the start of the next one's weights into L2 (off only to measure what it gives).
 std::unique_ptr<Backend> make_cuda_backend(
-    int device = 0, PrefillPrecision prefill_precision = PrefillPrecision::kExact);
+    int device = 0, PrefillPrecision prefill_precision = PrefillPrecision::kExact,
+    bool l2_prefetch = true);
 
 }  // namespace tokenmill

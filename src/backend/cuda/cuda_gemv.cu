@@ -125,13 +125,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kAffine<C> ? (N == 1   ? 
   if (w >= sk.warps) return;
   const int lane = threadIdx.x & 31;
   bool waited = false;  // the wait follows the first weight loads (fast_tile_dot)
-  streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1) {
+  streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1, bool last_part) {
     int j = 0;
     while (j + 1 < jobs.count && tile >= jobs.first_tile[j + 1]) ++j;
     const DevMat& m = jobs.m[j];
     const int64_t r0 = (tile - jobs.first_tile[j]) * RPW;
     float acc[N][RPW];
     fast_tile_dot<N, C, RPW>(m, r0, x, ldx, n, k0, k1, acc, waited);
+    L2PrefetchPart next;  // as in cuda_gemv_q4d.cu
+    if (last_part) next = l2_prefetch_part(jobs.next, w, sk.warps);
     float mine[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < N; ++i)
@@ -142,7 +144,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kAffine<C> ? (N == 1   ? 
         if (e == 2 * lane + 1) mine[1] = acc[i][r];
       }
     if (k0 > 0 || k1 < sk.steps) {
-      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, mine)) return;
+      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, mine, 0, 1, [&] {
+            next.issue();
+            next.len = 0;
+          })) {
+        return;
+      }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -150,6 +157,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kAffine<C> ? (N == 1   ? 
       const int64_t r = r0 + e % RPW;
       if (i < n && r < m.rows) jobs.out[j][i * m.rows + r] = mine[h];
     }
+    next.issue();
   });
 }
 

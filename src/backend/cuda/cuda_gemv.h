@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_l2_prefetch.h"
 #include "backend/cuda/cuda_streamk.cuh"
 
 namespace tokenmill::cuda {
@@ -24,7 +25,35 @@ struct GemvJobs {
   int64_t first_tile[kMaxGemvJobs + 1] = {};
   int count = 0;
   int shared_offset = 0;
+  const L2Prefetch* next = nullptr;  // the next launch's weights (cuda_l2_prefetch.h), or none
 };
+
+// Lane r < count holds its part of region r of the next launch's weights: the first `share` of
+// the part (1/parts of the region); issue() asks L2 for it, fire and forget.
+struct L2PrefetchPart {
+  const char* p = nullptr;
+  uint32_t len = 0;
+  __device__ __forceinline__ void issue() const {
+    if (len >= 16) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(len));
+  }
+};
+__device__ __forceinline__ L2PrefetchPart l2_prefetch_part(const L2Prefetch* pf, int64_t part,
+                                                           int64_t parts) {
+  L2PrefetchPart r;
+  const int lane = threadIdx.x & 31;
+  if (pf == nullptr || lane >= kL2PrefetchRegions) return r;
+  const char* base = static_cast<const char*>(pf->ptr[lane]);
+  const uint64_t bytes = pf->bytes[lane];
+  const float share = pf->share;
+  if (lane >= pf->count) return r;
+  const uint64_t chunk = bytes / static_cast<uint64_t>(parts);
+  const uint64_t start = (static_cast<uint64_t>(part) * chunk) & ~uint64_t{15};
+  uint64_t len = static_cast<uint64_t>(static_cast<float>(chunk) * share) & ~uint64_t{15};
+  len = min(len, bytes - start) & ~uint64_t{15};
+  r.p = base + start;
+  r.len = static_cast<uint32_t>(min(len, uint64_t{1} << 30));
+  return r;
+}
 
 // MoE slots of the 4-bit GEMVs: slot s of token t = s / per_token runs expert
 // ids[t * k + s % per_token], or the shared expert when s % per_token == k, on prepared

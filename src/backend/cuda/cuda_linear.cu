@@ -218,6 +218,24 @@ int64_t gemv_max_rows(cuda::GemvKind kind) {
 }
 }  // namespace
 
+// Not for the 4-bit GEMVs: on the H200 (27B q4g64 batch 1) the entry's load at the end of each
+// warp's range cost 1.5% and the prefetch gave back 0.5% (docs/PERFORMANCE.md, S20 notes).
+void CudaBackend::chain_gemv(cuda::GemvJobs& jobs) {
+  cuda::L2Region r[cuda::kL2PrefetchRegions];
+  int count = 0;
+  const auto add = [&](const void* p, int64_t bytes) {
+    if (p != nullptr && bytes > 0 && count < cuda::kL2PrefetchRegions) {
+      r[count++] = {p, static_cast<uint64_t>(bytes)};
+    }
+  };
+  for (int j = 0; j < jobs.count; ++j) add(jobs.m[j].data, jobs.m[j].data_stride);
+  for (int j = 0; j < jobs.count; ++j) {
+    add(jobs.m[j].scales, jobs.m[j].sb_stride);
+    add(jobs.m[j].biases, jobs.m[j].sb_stride);
+  }
+  jobs.next = l2_chain_.attach(r, count, stream_, recording_);
+}
+
 void CudaBackend::linear(const float* x, int64_t n, const Weight& w, float* out, int expert) {
   if (n <= 0) return;
   const DevMat m = cuda::make_devmat(w, expert);
@@ -230,6 +248,7 @@ void CudaBackend::linear(const float* x, int64_t n, const Weight& w, float* out,
     jobs.m[0] = m;
     jobs.out[0] = out;
     jobs.count = 1;
+    if (kind != cuda::GemvKind::kQ4) chain_gemv(jobs);
     cuda::launch_gemv_fast(stream_, kind, jobs, x, ldx, static_cast<int>(n), gemv_ws_);
     return;
   }
@@ -396,6 +415,7 @@ void CudaBackend::linear_multi(const float* x, int64_t n, const Weight* const* w
       ++jobs.count;
       done[j] = true;
     }
+    if (kind != cuda::GemvKind::kQ4) chain_gemv(jobs);
     cuda::launch_gemv_fast(stream_, kind, jobs, x, mi.cols, static_cast<int>(n), gemv_ws_);
   }
 }

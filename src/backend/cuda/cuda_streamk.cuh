@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace tokenmill::cuda {
 
@@ -38,7 +39,8 @@ struct StreamK {
   __device__ int64_t warp_of(int64_t p) const { return ((p + 1) * warps - 1) / total(); }
 };
 
-// Calls f(tile, k0, k1) for each part of a tile (steps [k0, k1)) in warp w's range, in order.
+// Calls f(tile, k0, k1) for each part of a tile (steps [k0, k1)) in warp w's range, in order;
+// f(tile, k0, k1, last) when f takes it, last true for the range's last part.
 template <class F>
 __device__ __forceinline__ void streamk_for_each(const StreamK& sk, int64_t w, F&& f) {
   const int64_t end = sk.lo(w + 1);
@@ -46,7 +48,11 @@ __device__ __forceinline__ void streamk_for_each(const StreamK& sk, int64_t w, F
     const int64_t tile = p / sk.steps, k0 = p - tile * sk.steps;
     const int64_t k1 = min(sk.steps, end - tile * sk.steps);
     p = tile * sk.steps + k1;
-    f(tile, k0, k1);
+    if constexpr (std::is_invocable_v<F, int64_t, int64_t, int64_t, bool>) {
+      f(tile, k0, k1, p == end);
+    } else {
+      f(tile, k0, k1);
+    }
   }
 }
 
@@ -102,9 +108,16 @@ struct FixupVec {
 // The last warp reads the other warps' partials in batches of independent loads: read one after
 // another (one L2 round trip each), the 32 partials of a small MoE matrix split 32 ways took
 // about 15 us, ten times the matrix's own reading.
-template <int kCount>
+//
+// counted() runs on every warp once its count is in (what a caller does there waits for nothing
+// and holds no registers through the partials' reads).
+struct NoCounted {
+  __device__ void operator()() const {}
+};
+template <int kCount, class Counted = NoCounted>
 __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int64_t t, int slot,
-                                              float (&vals)[kCount], int sub = 0, int subs = 1) {
+                                              float (&vals)[kCount], int sub = 0, int subs = 1,
+                                              Counted&& counted = NoCounted{}) {
   using Vec = FixupVec<kCount>;
   const int lane = threadIdx.x & 31;
   Vec::store(sk.partials + ((w * subs + sub) * 2 + slot) * sk.slot_floats, lane, vals);
@@ -115,6 +128,7 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
   int* counter = sk.counters + w0 * subs + sub;
   if (lane == 0) last = atomicAdd(counter, 1) == static_cast<int>(w1 - w0);
   last = __shfl_sync(0xffffffffu, last, 0);
+  counted();
   if (!last) return false;
   __threadfence();
   // Up to 8 floats of loads in flight per lane (more made the 4-bit GEMV spill).
