@@ -123,7 +123,13 @@ void bench_command(BenchOptions o) {
   rep.device = describe_device(*be.backend, be.pool->size());
   if (!cpu && o.device.prefill_precision == "fast")
     rep.device += ", prefill precision fast (one F16 pass per matmul)";
-  if (!cpu && !o.device.l2_prefetch) rep.device += ", no L2 prefetch";
+  if (!o.device.l2_prefetch) {
+    if (cpu) {
+      std::fprintf(stderr, "note: --no-l2-prefetch has no effect on the CPU backend\n");
+    } else {
+      rep.device += ", no L2 prefetch";
+    }
+  }
   std::fprintf(stderr, "probing %s ...\n", rep.device.c_str());
   rep.read_gbps = measure_read_bandwidth(*be.backend, *be.pool);
   rep.matmul_tflops = measure_bf16_matmul(*be.backend);

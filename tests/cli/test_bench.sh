@@ -58,6 +58,10 @@ grep -q "prefill-precision" "$TMP/o4.txt" || { echo "error does not name --prefi
   --batches 1 --decode-tokens 2 --prefill-precision fast --json "$TMP/c.json" --chart "$TMP/c.svg" \
   > "$TMP/o5.txt" 2>&1
 grep -q "no effect on the CPU backend" "$TMP/o5.txt" || { echo "no note for fast on CPU:"; cat "$TMP/o5.txt"; exit 1; }
+"$BIN" bench "$ROOT/models/demo" --device cpu --threads 2 --prompt-lengths 16 --contexts 16 \
+  --batches 1 --decode-tokens 2 --no-l2-prefetch --json "$TMP/e.json" --chart "$TMP/e.svg" \
+  > "$TMP/o8.txt" 2>&1 || { echo "bench --no-l2-prefetch failed:"; cat "$TMP/o8.txt"; exit 1; }
+grep -q -- "--no-l2-prefetch has no effect on the CPU backend" "$TMP/o8.txt" || { echo "no note for --no-l2-prefetch on CPU:"; cat "$TMP/o8.txt"; exit 1; }
 # Sampled decoding: the report and the JSON say how tokens were chosen; greedy is the default.
 grep -q "sampling: greedy" "$TMP/out.txt" || { echo "no greedy sampling line:"; cat "$TMP/out.txt"; exit 1; }
 "$BIN" bench "$ROOT/models/demo" --device cpu --threads 2 --prompt-lengths 16 --contexts 16 \
