@@ -76,7 +76,8 @@ CudaBackend::CudaBackend(int device, PrefillPrecision prefill_precision, bool l2
       alloc(sizeof(cuda::L2Prefetch) * static_cast<size_t>(kL2PrefetchEntries)));
   owned_.push_back(table);
   TM_CUDA(cudaMemset(table, 0, sizeof(cuda::L2Prefetch) * kL2PrefetchEntries));
-  l2_chain_.init(table, kL2PrefetchEntries, l2_prefetch ? kL2PrefetchBytes : 0);
+  l2_chain_.init(table, kL2PrefetchEntries, l2_prefetch ? kL2PrefetchBytes : 0,
+                 kL2PrefetchMinSourceBytes);
   init_gemm();
 }
 

@@ -289,12 +289,15 @@ class CudaBackend final : public Backend {
   size_t attn_ws_floats_ = 0;
   // Decode GEMV workspace (allocated once, in the constructor).
   cuda::GemvWorkspace gemv_ws_;
-  // Each bf16/8-bit decode GEMV prefetches the start of the next one's weights into L2
-  // (cuda_l2_prefetch.h): kL2PrefetchBytes of it (H200, 27B bf16 batch 1: 8 MB and 16 MB +2%,
-  // 32 MB -2%); the table holds kL2PrefetchEntries launches (a 64-layer model uses about 260).
+  // Each bf16/8-bit decode GEMV of kL2PrefetchMinSourceBytes or more prefetches the start of
+  // the next one's weights into L2 (cuda_l2_prefetch.h), kL2PrefetchBytes of it. H200, batch 1:
+  // 27B bf16 (GEMVs of 63-356 MB) 8 MB and 16 MB +2%, 32 MB -2%; 35B-A3B bf16 (1-50 MB) -2%
+  // with every launch prefetching, hence the floor. The table holds kL2PrefetchEntries launches
+  // (a 64-layer model uses about 260).
   cuda::L2PrefetchChain l2_chain_;
   static constexpr int kL2PrefetchEntries = 4096;
   static constexpr uint64_t kL2PrefetchBytes = uint64_t{8} << 20;
+  static constexpr uint64_t kL2PrefetchMinSourceBytes = uint64_t{56} << 20;
   // Sets jobs.next for a bf16/8-bit decode GEMV launch (and learns the launch order).
   void chain_gemv(cuda::GemvJobs& jobs);
   static constexpr size_t kGemvWorkspaceBytes = size_t{16} << 20;

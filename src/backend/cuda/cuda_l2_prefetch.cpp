@@ -8,10 +8,12 @@
 
 namespace tokenmill::cuda {
 
-void L2PrefetchChain::init(L2Prefetch* device_table, int capacity, uint64_t budget_bytes) {
+void L2PrefetchChain::init(L2Prefetch* device_table, int capacity, uint64_t budget_bytes,
+                           uint64_t min_source_bytes) {
   device_ = device_table;
   capacity_ = capacity;
   budget_ = budget_bytes;
+  min_source_ = min_source_bytes;
   host_.assign(static_cast<size_t>(capacity), L2Prefetch{});
 }
 
@@ -48,7 +50,9 @@ const L2Prefetch* L2PrefetchChain::attach(const L2Region* regions, int count, CU
   // A launch seen before: the next step has begun, so what the last one learned goes up now
   // (not at every new entry: the first step would wait for the stream at each launch).
   if (seen && !recording) sync(st);
-  return idx >= 0 ? device_ + idx : nullptr;
+  uint64_t mine = 0;
+  for (int i = 0; i < count; ++i) mine += regions[i].bytes;
+  return idx >= 0 && mine >= min_source_ ? device_ + idx : nullptr;
 }
 
 void L2PrefetchChain::sync(CUstream_st* st) {

@@ -44,11 +44,15 @@ struct L2Region {
 
 class L2PrefetchChain {
  public:
-  // budget_bytes: the most bytes of the next launch a launch prefetches (0: off).
-  void init(L2Prefetch* device_table, int capacity, uint64_t budget_bytes);
+  // budget_bytes: the most bytes of the next launch a launch prefetches (0: off); launches that
+  // read fewer than min_source_bytes prefetch nothing (their tail is short, and the entry's
+  // read at the end of every warp's range costs more than it brings).
+  void init(L2Prefetch* device_table, int capacity, uint64_t budget_bytes,
+            uint64_t min_source_bytes);
   // Before a decode GEMV launch that reads `regions` (keyed by the first): records it as the
   // successor of the launch before it and returns the device entry this launch prefetches from
-  // (nullptr when off or the table is full). Uploads what changed unless `recording`.
+  // (nullptr when off, the launch is small or the table is full). Uploads what changed unless
+  // `recording`.
   const L2Prefetch* attach(const L2Region* regions, int count, CUstream_st* st, bool recording);
   // Uploads entries learned while a step was recorded (before a replay reads them).
   void sync(CUstream_st* st);
@@ -60,6 +64,7 @@ class L2PrefetchChain {
   L2Prefetch* device_ = nullptr;
   int capacity_ = 0;
   uint64_t budget_ = 0;
+  uint64_t min_source_ = 0;
   std::vector<L2Prefetch> host_;
   std::unordered_map<const void*, int> index_;
   int last_ = -1;

@@ -34,7 +34,7 @@ TEST(CudaL2PrefetchChain, LearnsEachLaunchsSuccessor) {
   ASSERT_EQ(cudaMalloc(&dev, kCap * sizeof(L2Prefetch)), cudaSuccess);
   ASSERT_EQ(cudaMemset(dev, 0, kCap * sizeof(L2Prefetch)), cudaSuccess);
   L2PrefetchChain chain;
-  chain.init(dev, kCap, 1 << 20);  // 1 MiB a launch
+  chain.init(dev, kCap, 1 << 20, 0);  // 1 MiB a launch, from launches of any size
   const L2Region a[] = {{fake(0x100000), 4 << 20}};
   const L2Region b[] = {{fake(0x900000), 512 << 10}, {fake(0xa00000), 64 << 10}};
   const L2Region c[] = {{fake(0xb00000), 2 << 20}};
@@ -80,13 +80,24 @@ TEST(CudaL2PrefetchChain, LearnsEachLaunchsSuccessor) {
   EXPECT_EQ(chain.attach(c, 1, nullptr, false), dev + 0);
   // Off: no entries at all.
   L2PrefetchChain off;
-  off.init(dev, kCap, 0);
+  off.init(dev, kCap, 0, 0);
   EXPECT_EQ(off.attach(a, 1, nullptr, false), nullptr);
+  // A floor of 1 MiB: b (576 KiB) prefetches nothing itself but is still a's successor.
+  chain.reset(nullptr);
+  L2PrefetchChain floor;
+  floor.init(dev, kCap, 1 << 20, 1 << 20);
+  EXPECT_EQ(floor.attach(a, 1, nullptr, false), dev + 0);
+  EXPECT_EQ(floor.attach(b, 2, nullptr, false), nullptr);
+  EXPECT_EQ(floor.attach(c, 1, nullptr, false), dev + 2);
+  EXPECT_EQ(floor.attach(a, 1, nullptr, false), dev + 0);
+  t = table_of(dev, kCap);
+  EXPECT_EQ(t[0].ptr[0], b[0].ptr);
+  EXPECT_EQ(t[1].ptr[0], c[0].ptr) << "b's successor is learned though b does not prefetch";
   cudaFree(dev);
 }
 
 // The same launches on a backend that prefetches and on one that does not: identical bits, and
-// both within the linear tests' tolerance of the CPU.
+// within the linear tests' tolerance of the CPU.
 TEST_F(CudaVsCpu, L2PrefetchChangesNoBit) {
   std::unique_ptr<Backend> plain = make_cuda_backend(0, PrefillPrecision::kExact, false);
   Rng rng(29);
@@ -95,7 +106,9 @@ TEST_F(CudaVsCpu, L2PrefetchChangesNoBit) {
     Weight w;
   };
   std::vector<Mat> mats;
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{3072, 1024}, {1024, 1024}, {2056, 1024}}) {
+  // Two matrices above the backend's floor for prefetching (56 MiB) around a small one.
+  for (auto [rows, cols] :
+       {std::pair<int64_t, int64_t>{30720, 1024}, {1024, 1024}, {30728, 1024}}) {
     Mat m;
     m.bits.resize(static_cast<size_t>(rows * cols));
     for (auto& v : m.bits) v = f32_to_bf16(rng.normal(0.5f));
