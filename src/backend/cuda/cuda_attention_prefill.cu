@@ -118,13 +118,6 @@ constexpr size_t prefill_smem_bytes(int warps) {
          2 * kKeys * sizeof(int64_t);
 }
 
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst))),
-               "l"(src)
-               : "memory");
-}
-
 // Eight BF16 values (16 bytes) to F16 in place, rounded to nearest (exact in F16's normal range).
 __device__ __forceinline__ void bf16x8_to_f16x8(__half* p) {
   uint4 u = *reinterpret_cast<const uint4*>(p);
@@ -330,7 +323,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
           const int64_t r = rows[rem / (D / 8)];
           __half* dst = chunk_dst(tile, i);
           if (r >= 0) {
-            cp_async16(dst, (which ? vc : kc) + r * cache_row + (rem % (D / 8)) * 8);
+            cp_async16(smem_addr(dst), (which ? vc : kc) + r * cache_row + (rem % (D / 8)) * 8);
           } else {  // keys past the range (or without a block): zeros
             *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
           }

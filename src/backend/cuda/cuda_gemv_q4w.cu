@@ -36,17 +36,6 @@ constexpr int kBlockTiles = kWarps * kTiles;  // stream-K's unit
 // (each reads 2 KB of partials per warp from every block of the tile).
 constexpr int kMinSteps = 8;
 
-// cp.async of 16 bytes (4 with cp_async4) into shared memory; bytes past src_bytes are zeros.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(src_bytes)
-               : "memory");
-}
 __device__ __forceinline__ uint4 lds128(const uint4* p) {
   uint4 v;
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -161,14 +150,15 @@ struct Q4WarpStream {
         const int r = seg >> 1;
         if (seg < Stage::kRows * 2 && r < rows) {
           const bool live = r < ncols;
-          cp_async16(dst + seg * Stage::kStride, src0 + (live ? r * ld + (seg & 1) * K : 0),
-                     live ? 16 : 0);
+          cp_async16(smem_addr(dst + seg * Stage::kStride),
+                     src0 + (live ? r * ld + (seg & 1) * K : 0), live ? 16 : 0);
         }
       }
       if (threadIdx.x < rows) {
         const int r = threadIdx.x;
         const bool live = r < ncols;
-        cp_async4(ss + buf * Stage::kRows + r, asums + (live ? r : 0) * groups + grp, live ? 4 : 0);
+        cp_async4(smem_addr(ss + buf * Stage::kRows + r), asums + (live ? r : 0) * groups + grp,
+                  live ? 4 : 0);
       }
     }
     cp_async_commit();
