@@ -2,8 +2,9 @@
 // held through the runtime's opaque struct type) so both the .cpp and the .cu files include it.
 // Op implementations are split by topic: cuda_backend.cpp (memory, weights), cuda_fill.cu
 // (random fill, read probe), cuda_linear.cu (generic GEMV, GEMM, embed), cuda_gemv.cu (fast
-// decode GEMV), cuda_attention.cu (decode), cuda_attention_prefill.cu, cuda_gdn.cu,
-// cuda_gdn_chunked.cu (prefill), cuda_elementwise.cu, cuda_pick.cu (sampling), cuda_moe.cu.
+// decode GEMV; cuda_l2_prefetch.cpp, the order it prefetches the next matrix by),
+// cuda_attention.cu (decode), cuda_attention_prefill.cu, cuda_gdn.cu, cuda_gdn_chunked.cu
+// (prefill), cuda_elementwise.cu, cuda_pick.cu (sampling), cuda_moe.cu.
 #pragma once
 
 #include <cstdint>
