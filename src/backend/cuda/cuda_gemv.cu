@@ -132,7 +132,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kAffine<C> ? (N == 1   ? 
     const int64_t r0 = (tile - jobs.first_tile[j]) * RPW;
     float acc[N][RPW];
     fast_tile_dot<N, C, RPW>(m, r0, x, ldx, n, k0, k1, acc, waited);
-    L2PrefetchPart next;  // as in cuda_gemv_q4d.cu
+    // The range's last part: the next launch's weights towards L2 (cuda_l2_prefetch.h), the
+    // entry read now and the prefetch issued once the fixup's count is in (the read's latency
+    // under the fixup's round trips, nothing held through the loop) or after the output.
+    L2PrefetchPart next;
     if (last_part) next = l2_prefetch_part(jobs.next, w, sk.warps);
     float mine[2] = {0.0f, 0.0f};
 #pragma unroll
