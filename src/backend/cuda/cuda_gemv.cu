@@ -61,8 +61,7 @@ __device__ __forceinline__ void fast_tile_dot(const DevMat& m, int64_t r0, const
       }
     }
     if (!waited) {
-      wait_for_previous_grid();
-      allow_dependent_launch();
+      pdl_begin();
       waited = true;
     }
 #pragma unroll

@@ -219,8 +219,7 @@ struct Q4TileStream {
   __device__ __forceinline__ void run(int k0, Compute&& compute, AfterWait&& after_wait) const {
     Buf b0, b1;
     load(b0, k0);
-    wait_for_previous_grid();
-    allow_dependent_launch();
+    pdl_begin();
     after_wait();
     for (int base = k0; base < k1; base += 2 * U) {
       load(b1, base + U);

@@ -369,8 +369,7 @@ struct Q4GmmaBlock {
       // activations; each stage's commit group then closes with its activations.
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) stage_weights((uses0 + s) % kStages, k0 + s);
-    wait_for_previous_grid();
-    allow_dependent_launch();
+    pdl_begin();
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
       stage_acts((uses0 + s) % kStages, k0 + s);

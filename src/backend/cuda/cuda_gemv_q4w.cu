@@ -170,8 +170,7 @@ struct Q4WarpStream {
   __device__ __forceinline__ void run(int k0, Compute&& compute) const {
     Buf b0, b1;
     load(b0, k0);
-    wait_for_previous_grid();
-    allow_dependent_launch();
+    pdl_begin();
     stage(0, k0);
     for (int base = k0; base < k1; base += 2) {
       load(b1, base + 1);

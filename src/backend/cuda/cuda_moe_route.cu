@@ -92,8 +92,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(RouteArgs a
     const int64_t j = threadIdx.x + int64_t{i} * blockDim.x;
     if (j < n4) wpre[i] = w4[j];
   }
-  wait_for_previous_grid();
-  allow_dependent_launch();
+  pdl_begin();
 
   // hs = rmsnorm(x + y) * norm per row (rmsnorm_q4d_kernel's arithmetic: (v * inv) * w).
   for (int c = 0; c < a.n; ++c) {
