@@ -10,7 +10,9 @@
 // partial to its own slot (slot 0 if its range started inside the tile, else slot 1), then bumps
 // the tile's counter; the warp that arrives last adds the partials in warp order, writes the
 // output and resets the counter to zero (ready for the next launch or graph replay). The sum
-// order is fixed by the partition, never by timing.
+// order is fixed by the partition, never by timing. With long ranges (StreamK::peek) a warp
+// first reads the counter: if every other warp of the tile has counted, it is the last one and
+// adds its own partial from registers in its place, with no store, fence or count of its own.
 //
 // A split tile's counter is the one of its first warp (the warp holding its first step): no two
 // split tiles share a first warp (a warp holding the first steps of tiles t < t' holds all of t,
@@ -32,6 +34,10 @@ struct StreamK {
   float* partials = nullptr;  // [warps][subs][2][slot_floats]
   int* counters = nullptr;    // [warps][subs], zero outside a launch
   int slot_floats = 0;
+  // Each warp's range holds many steps: the warp that finishes a split tile last is usually the
+  // one holding its first steps (at the end of its range), long after the others stored theirs.
+  // It then reads the tile's counter before storing its own partial (streamk_fixup).
+  bool peek = false;
 
   __device__ int64_t total() const { return tiles * steps; }
   __device__ int64_t lo(int64_t w) const { return w * total() / warps; }
@@ -120,17 +126,34 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
                                               Counted&& counted = NoCounted{}) {
   using Vec = FixupVec<kCount>;
   const int lane = threadIdx.x & 31;
-  Vec::store(sk.partials + ((w * subs + sub) * 2 + slot) * sk.slot_floats, lane, vals);
-  __threadfence();
-  __syncwarp();
-  int last = 0;
   const int64_t w0 = sk.warp_of(t * sk.steps), w1 = sk.warp_of((t + 1) * sk.steps - 1);
   int* counter = sk.counters + w0 * subs + sub;
-  if (lane == 0) last = atomicAdd(counter, 1) == static_cast<int>(w1 - w0);
-  last = __shfl_sync(0xffffffffu, last, 0);
-  counted();
-  if (!last) return false;
-  __threadfence();
+  // Peeking: when every other warp of the tile has counted, this one is last without storing,
+  // fencing and counting its own partial (its values stay in registers, added in their place).
+  bool own_in_regs = false;
+  float own[kCount];
+  if (sk.peek) {
+    int seen = 0;
+    if (lane == 0) {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    }
+    own_in_regs = __shfl_sync(0xffffffffu, seen, 0) == static_cast<int>(w1 - w0);
+  }
+  if (own_in_regs) {
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) own[i] = vals[i];
+    counted();
+  } else {
+    Vec::store(sk.partials + ((w * subs + sub) * 2 + slot) * sk.slot_floats, lane, vals);
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(counter, 1) == static_cast<int>(w1 - w0);
+    last = __shfl_sync(0xffffffffu, last, 0);
+    counted();
+    if (!last) return false;
+    __threadfence();
+  }
   // Up to 8 floats of loads in flight per lane (more made the 4-bit GEMV spill).
   constexpr int kBatch = kCount <= 2 ? 8 : kCount <= 4 ? 4 : kCount <= 8 ? 2 : 1;
 #pragma unroll
@@ -144,7 +167,12 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
       // the launch's critical path): w0's range holds t's first step, so it started at or
       // before the tile (slot 1), and every later warp of the tile started inside it (slot 0).
       const int64_t slot = ww == w0 ? 1 : 0;
-      Vec::load(sk.partials + ((ww * subs + sub) * 2 + slot) * sk.slot_floats, lane, got[b]);
+      if (own_in_regs && ww == w) {
+#pragma unroll
+        for (int i = 0; i < kCount; ++i) got[b][i] = own[i];
+      } else {
+        Vec::load(sk.partials + ((ww * subs + sub) * 2 + slot) * sk.slot_floats, lane, got[b]);
+      }
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {

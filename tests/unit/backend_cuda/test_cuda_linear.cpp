@@ -172,6 +172,8 @@ TEST_F(CudaLinear, ManyTilesStreamK) {
 // A split tile's output is written by whichever of its warps finishes last (which one depends on
 // timing), adding the partials in warp order: every launch must give the same bits, and a
 // counter left nonzero would corrupt the next launch.
+// (Where at most 3,072 warps are resident, as on the H200, its warps hold 10 steps or more:
+// the fixups peek, StreamK::peek.)
 TEST_F(CudaLinear, SplitTilesSameBitsEveryLaunch) {
   Rng rng(12);
   HostWeight hw = affine_weight(rng, 4, 64, DType::BF16, 5120, 6144, 0);
