@@ -36,7 +36,8 @@ struct StreamK {
   int slot_floats = 0;
   // Each warp's range holds many steps: the warp that finishes a split tile last is usually the
   // one holding its first steps (at the end of its range), long after the others stored theirs.
-  // It then reads the tile's counter before storing its own partial (streamk_fixup).
+  // Every warp of a split tile then reads its counter before storing its own partial
+  // (streamk_fixup). Only the first-step warp can gain; limiting the read to it is untried.
   bool peek = false;
 
   __device__ int64_t total() const { return tiles * steps; }
