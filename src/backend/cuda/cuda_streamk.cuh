@@ -10,9 +10,10 @@
 // partial to its own slot (slot 0 if its range started inside the tile, else slot 1), then bumps
 // the tile's counter; the warp that arrives last adds the partials in warp order, writes the
 // output and resets the counter to zero (ready for the next launch or graph replay). The sum
-// order is fixed by the partition, never by timing. With long ranges (StreamK::peek) a warp
-// first reads the counter: if every other warp of the tile has counted, it is the last one and
-// adds its own partial from registers in its place, with no store, fence or count of its own.
+// order is fixed by the partition, never by timing. With long ranges (StreamK::peek) the warp
+// holding a tile's first steps first reads the counter: if every other warp of the tile has
+// counted, it is the last one and adds its own partial from registers in its place, with no
+// store, fence or count of its own.
 //
 // A split tile's counter is the one of its first warp (the warp holding its first step): no two
 // split tiles share a first warp (a warp holding the first steps of tiles t < t' holds all of t,
@@ -36,8 +37,8 @@ struct StreamK {
   int slot_floats = 0;
   // Each warp's range holds many steps: the warp that finishes a split tile last is usually the
   // one holding its first steps (at the end of its range), long after the others stored theirs.
-  // Every warp of a split tile then reads its counter before storing its own partial
-  // (streamk_fixup). Only the first-step warp can gain; limiting the read to it is untried.
+  // That warp then reads the tile's counter before storing its own partial (streamk_fixup). The
+  // tile's other warps reach it at the start of their ranges, early: they store and count.
   bool peek = false;
 
   __device__ int64_t total() const { return tiles * steps; }
@@ -133,7 +134,7 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
   // fencing and counting its own partial (its values stay in registers, added in their place).
   bool own_in_regs = false;
   float own[kCount];
-  if (sk.peek) {
+  if (sk.peek && slot == 1) {
     int seen = 0;
     if (lane == 0) {
       asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");

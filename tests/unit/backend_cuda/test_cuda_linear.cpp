@@ -4,6 +4,8 @@
 // terms; on the tensor cores operands that F16 would round are split into two F16 parts (about
 // 22 significant bits).
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "cuda_test_util.h"
 #include "tensor/affine.h"
@@ -172,28 +174,34 @@ TEST_F(CudaLinear, ManyTilesStreamK) {
 // A split tile's output is written by whichever of its warps finishes last (which one depends on
 // timing), adding the partials in warp order: every launch must give the same bits, and a
 // counter left nonzero would corrupt the next launch.
-// (Where at most 3,072 warps are resident, as on the H200, its warps hold 10 steps or more:
+// (Where 2,640 warps are resident, as on the H200: at n = 1 the 5120x6144 matrix's 320 tiles
+// get a tile-aligned launch, 8 warps a tile, and the 22400x5120 matrix's 1,400 tiles a full
+// wave in which warps cross from one split tile into the next; warps hold 10 steps or more, so
 // the fixups peek, StreamK::peek.)
 TEST_F(CudaLinear, SplitTilesSameBitsEveryLaunch) {
   Rng rng(12);
-  HostWeight hw = affine_weight(rng, 4, 64, DType::BF16, 5120, 6144, 0);
-  const Weight dw = gpu->upload_weight(hw.w);
-  for (int64_t n : {1, 3}) {
-    std::vector<float> x = rng.normals(static_cast<size_t>(n * hw.w.cols));
-    std::vector<float> want(static_cast<size_t>(n * hw.w.rows));
-    cpu->linear(x.data(), n, hw.w, want.data(), 0);
-    const float* dx = up(x);
-    float* dout = poisoned(want.size());
-    std::vector<float> first;
-    for (int launch = 0; launch < 60; ++launch) {
-      gpu->linear(dx, n, dw, dout, 0);
-      std::vector<float> got = down(dout, want.size());
-      if (launch == 0) {
-        expect_close(got, want, kTol, "q4g64 5120x6144 n=" + std::to_string(n));
-        first = got;
-      } else {
-        ASSERT_EQ(std::memcmp(got.data(), first.data(), got.size() * sizeof(float)), 0)
-            << "launch " << launch << " at n=" << n << " differs from the first";
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{5120, 6144}, {22400, 5120}}) {
+    HostWeight hw = affine_weight(rng, 4, 64, DType::BF16, rows, cols, 0);
+    const Weight dw = gpu->upload_weight(hw.w);
+    for (int64_t n : {1, 3}) {
+      const std::string what =
+          "q4g64 " + std::to_string(rows) + "x" + std::to_string(cols) + " n=" + std::to_string(n);
+      std::vector<float> x = rng.normals(static_cast<size_t>(n * hw.w.cols));
+      std::vector<float> want(static_cast<size_t>(n * hw.w.rows));
+      cpu->linear(x.data(), n, hw.w, want.data(), 0);
+      const float* dx = up(x);
+      float* dout = poisoned(want.size());
+      std::vector<float> first;
+      for (int launch = 0; launch < 60; ++launch) {
+        gpu->linear(dx, n, dw, dout, 0);
+        std::vector<float> got = down(dout, want.size());
+        if (launch == 0) {
+          expect_close(got, want, kTol, what);
+          first = got;
+        } else {
+          ASSERT_EQ(std::memcmp(got.data(), first.data(), got.size() * sizeof(float)), 0)
+              << what << ": launch " << launch << " differs from the first";
+        }
       }
     }
   }
