@@ -3,6 +3,7 @@
 // Tolerance 1e-4 relative: F32 accumulation on both sides, in different orders over <= 5120
 // terms; on the tensor cores operands that F16 would round are split into two F16 parts (about
 // 22 significant bits).
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -508,25 +509,42 @@ TEST_F(CudaLinear, FillRandomMatchesCpu) {
   EXPECT_NEAR(std::sqrt(ss / n), 0.7, 0.03) << "standard deviation";
 }
 
+// Rows of 96 values (one block of the embed kernel) and of 600 (three, the last partial).
 TEST_F(CudaLinear, EmbedEveryFormat) {
   Rng rng(5);
   const std::vector<int32_t> ids = {0, 7, 3, 99, 7, 50};
   std::vector<HostWeight> tables;
-  tables.push_back(float_weight(rng, DType::BF16, 100, 96, 0));
-  tables.push_back(float_weight(rng, DType::F32, 100, 96, 0));
-  tables.push_back(float_weight(rng, DType::F16, 100, 96, 0));
-  for (int bits : {2, 3, 4, 5, 6, 8})
-    tables.push_back(affine_weight(rng, bits, 32, DType::F16, 100, 96, 0));
+  for (int64_t cols : {96, 608}) {
+    tables.push_back(float_weight(rng, DType::BF16, 100, cols, 0));
+    tables.push_back(float_weight(rng, DType::F32, 100, cols, 0));
+    tables.push_back(float_weight(rng, DType::F16, 100, cols, 0));
+    for (int bits : {2, 3, 4, 5, 6, 8})
+      tables.push_back(affine_weight(rng, bits, 32, DType::F16, 100, cols, 0));
+  }
+  rebind(tables);
   for (const HostWeight& hw : tables) {
     const Weight dw = gpu->upload_weight(hw.w);
-    std::vector<float> want(ids.size() * 96);
+    const int64_t cols = hw.w.cols;
+    std::vector<float> want(ids.size() * cols);
     cpu->embed(hw.w, ids.data(), static_cast<int>(ids.size()), want.data());
     float* dout = poisoned(want.size());
     gpu->embed(dw, up(ids), static_cast<int>(ids.size()), dout);
     // Dequantization is one multiply-add per element: agreement to F32 rounding.
-    expect_close(
-        down(dout, want.size()), want, 1e-6,
-        std::string("embed ") + dtype_name(hw.w.dtype) + " bits " + std::to_string(hw.w.bits));
+    expect_close(down(dout, want.size()), want, 1e-6,
+                 std::string("embed ") + dtype_name(hw.w.dtype) + " bits " +
+                     std::to_string(hw.w.bits) + " cols " + std::to_string(cols));
+  }
+  // An id outside the table gives a row of NaN on the device (the model validates ids first).
+  const Weight dw = gpu->upload_weight(tables.back().w);
+  const std::vector<int32_t> bad = {5, 100, -1};
+  const int64_t cols = tables.back().w.cols;
+  float* dout = up(std::vector<float>(bad.size() * cols, 1.0f));  // finite: NaN must be written
+  gpu->embed(dw, up(bad), static_cast<int>(bad.size()), dout);
+  const std::vector<float> got = down(dout, bad.size() * cols);
+  for (int64_t j = 0; j < cols; ++j) {
+    ASSERT_FALSE(std::isnan(got[j])) << "id 5, column " << j;
+    ASSERT_TRUE(std::isnan(got[cols + j]) && std::isnan(got[2 * cols + j]))
+        << "ids 100 and -1, column " << j;
   }
 }
 
