@@ -184,8 +184,9 @@ void launch_n(cudaStream_t st, GemvJobs jobs, int64_t tiles, const float* x, int
     }
   }
   const auto kernel = gemv_fast_kernel<N, C, RPW>;
-  const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), kWarpsPerBlock * 32, tiles,
-                                  steps, 64, ws, 1, 1, 0, N <= 2);
+  const StreamK sk =
+      plan_streamk(reinterpret_cast<const void*>(kernel), kWarpsPerBlock * 32, tiles, steps, 64, ws,
+                   1, 1, 0, N <= 2 ? TileAlign::kWholeTiles : TileAlign::kNone);
   launch_pdl(kernel, dim3(static_cast<unsigned>((sk.warps + kWarpsPerBlock - 1) / kWarpsPerBlock)),
              dim3(kWarpsPerBlock * 32), 0, st, jobs, x, ldx, n, sk);
 }
@@ -230,7 +231,7 @@ constexpr int64_t kAlignMinPercent = 75;
 
 StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t steps, int slot_floats,
                      const GemvWorkspace& ws, int min_steps, int subs, size_t smem,
-                     bool tile_aligned) {
+                     TileAlign align) {
   int per_sm = 0;
   TM_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   StreamK sk;
@@ -259,9 +260,18 @@ StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t ste
   // gate+up (2,176 tiles on a 2,640-warp wave) at 81%; aligned (2,560 and 2,176 warps),
   // batch 1 gained 3% though fewer warps ran. Only where measured to gain: launches of 1-2 rows
   // (applied to every launch, batches 4 and 64 lost 2%).
-  if (tile_aligned && sk.warps > tiles) {
+  // Whole tiles, where tiles outnumber warps: k = ceil(tiles / warps) tiles a warp and no tile
+  // split (the 27B's bf16 gate+up, 8,704 four-row tiles, and LM head): 27B bf16 batch 1 +0.9%.
+  // The 4-bit GEMV's LM head (15,520 tiles) did not gain, so it keeps the equal ranges.
+  if (align != TileAlign::kNone && sk.warps > tiles) {
     const int64_t aligned = sk.warps / tiles * tiles;
     if (aligned * 100 >= sk.warps * kAlignMinPercent) sk.warps = aligned;
+  } else if (align == TileAlign::kWholeTiles && sk.warps < tiles) {
+    const int64_t per = (tiles + sk.warps - 1) / sk.warps, whole = (tiles + per - 1) / per;
+    if (whole * 100 >= sk.warps * kAlignMinPercent) {
+      sk.warps = whole;
+      sk.tiles_per_warp = per;
+    }
   }
   sk.peek = tiles * steps >= kPeekMinSteps * sk.warps;
   TM_CUDA_REQUIRE(static_cast<size_t>(sk.warps) * subs * 2 * slot_floats <= ws.partial_floats,

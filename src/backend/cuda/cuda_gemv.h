@@ -103,11 +103,13 @@ constexpr bool kAffine = !std::is_same_v<C, Bf16Chunk>;  // scales and biases pe
 // each warp min_steps k-steps) and the stream-K division of tiles x steps over them. subs > 1:
 // the unit of work is a block of `subs` warps (threads / 32), each with its own partial slots
 // and counters; StreamK::warps then counts blocks. smem: the kernel's dynamic shared memory.
-// tile_aligned: launch fewer warps, down to kAlignMinPercent of the wave, when a whole number of
-// warps per tile makes every range end on a tile boundary (see plan_streamk).
+// align: launch fewer warps, down to kAlignMinPercent of the wave, when that keeps every warp's
+// range inside one tile (a whole number of warps a tile) or, with kWholeTiles, also when tiles
+// outnumber warps, each warp's range a whole number of tiles (see plan_streamk).
+enum class TileAlign { kNone, kWarpsPerTile, kWholeTiles };
 StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t steps, int slot_floats,
                      const GemvWorkspace& ws, int min_steps = 1, int subs = 1, size_t smem = 0,
-                     bool tile_aligned = false);
+                     TileAlign align = TileAlign::kNone);
 
 // The fast kernel that handles `m`, or kNone (other formats, odd sizes, unaligned data).
 GemvKind fast_gemv_kind(const DevMat& m);

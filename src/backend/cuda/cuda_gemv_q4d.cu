@@ -335,7 +335,8 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
   constexpr int U = G == 128 ? 1 : 2;
   const auto kernel = q4d_gemv_kernel<G, CB, U, ST, kSlots>;
   const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
-                                  jobs.m[0].cols / G, 32 * CB * 2, ws, kQ4MinSteps, 1, 0, CB == 1);
+                                  jobs.m[0].cols / G, 32 * CB * 2, ws, kQ4MinSteps, 1, 0,
+                                  CB == 1 ? TileAlign::kWarpsPerTile : TileAlign::kNone);
   launch_pdl(kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), 0, st, jobs, act,
              n, sl, sk, tiles_per_slot);
 }

@@ -41,10 +41,18 @@ struct StreamK {
   // tile's other warps reach it at the start of their ranges, early: they store and count.
   bool peek = false;
 
+  // > 0: whole tiles instead of equal ranges, warp w taking tiles [w * k, (w + 1) * k) (the
+  // last warp fewer): no tile is split.
+  int64_t tiles_per_warp = 0;
+
   __device__ int64_t total() const { return tiles * steps; }
-  __device__ int64_t lo(int64_t w) const { return w * total() / warps; }
+  __device__ int64_t lo(int64_t w) const {
+    return tiles_per_warp > 0 ? min(w * tiles_per_warp, tiles) * steps : w * total() / warps;
+  }
   // The warp whose range holds flattened step p (the largest w with lo(w) <= p).
-  __device__ int64_t warp_of(int64_t p) const { return ((p + 1) * warps - 1) / total(); }
+  __device__ int64_t warp_of(int64_t p) const {
+    return tiles_per_warp > 0 ? p / steps / tiles_per_warp : ((p + 1) * warps - 1) / total();
+  }
 };
 
 // Calls f(tile, k0, k1) for each part of a tile (steps [k0, k1)) in warp w's range, in order;
