@@ -249,9 +249,6 @@ StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t ste
   sk.partials = ws.partials;
   sk.counters = ws.counters;
   sk.slot_floats = slot_floats;
-  // Peeking (streamk_fixup) when ranges are long: on the H200 27B q4g64 batch 1 +0.9%, batch
-  // 64 +1.5%, bf16 +0.8%. With the 35B-A3B's 8-9 steps a warp it cost 0.7%: a tile's warps then
-  // finish together, and those that are not last pay the counter's read on top of their count.
   // Tile-aligned: with k = floor(warps / tiles) warps a tile, every range lies inside one tile
   // and ends on a tile boundary or on a split point, so no warp crosses from one tile into the
   // next. A crossing warp stores, fences and counts the first tile's partial in the middle of
@@ -273,6 +270,9 @@ StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t ste
       sk.tiles_per_warp = per;
     }
   }
+  // Peeking (streamk_fixup) when ranges are long: on the H200 27B q4g64 batch 1 +0.9%, batch
+  // 64 +1.5%, bf16 +0.8%. With the 35B-A3B's 8-9 steps a warp it cost 0.7%: a tile's warps then
+  // finish together, and those that are not last pay the counter's read on top of their count.
   sk.peek = tiles * steps >= kPeekMinSteps * sk.warps;
   TM_CUDA_REQUIRE(static_cast<size_t>(sk.warps) * subs * 2 * slot_floats <= ws.partial_floats,
                   "gemv: stream-K partial workspace too small");

@@ -3,8 +3,9 @@
 // Why: a decode GEMV is one wave of blocks or a little more, and a partial last wave runs at a
 // fraction of the bandwidth while it takes as long as a full one (measured: a 17408x5120 bf16
 // GEMV launched 1,088 blocks for 1,056 resident slots and lost a third of its time to the 32
-// left over). So the launch has exactly as many warps as fit on the device at once, and the
-// flattened work (tiles x k-steps) is cut into equal contiguous ranges, one per warp.
+// left over). So the launch has as many warps as fit on the device at once (or fewer, lined up
+// with the tiles: plan_streamk), and the flattened work (tiles x k-steps) is cut into equal
+// contiguous ranges, one per warp (or whole tiles a warp: StreamK::tiles_per_warp).
 //
 // A tile whose steps are split between warps is combined deterministically: each warp writes its
 // partial to its own slot (slot 0 if its range started inside the tile, else slot 1), then bumps
