@@ -57,6 +57,15 @@ void Backend::add_shared_expert(const float* x, int64_t n, const SharedExpert& s
   add(out, down, n * hidden);
 }
 
+void Backend::gdn_mixer(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
+                        const GdnMixerWeights& w, const GdnMixerIo& io, float* out) {
+  gdn_front(st, seqs, slots, io.qkv, w.conv, io.a, io.b, w.a_log, w.dt_bias, io.conv_out, io.q,
+            io.k, io.v, io.g, io.beta);
+  gated_delta_rule(st, seqs, slots, io.q, io.k, io.v, io.g, io.beta, io.o, nullptr);
+  rmsnorm_gated_linear(io.o, io.z, w.norm, io.normed, seqs.n_tokens, st.v_heads, st.v_dim, w.eps,
+                       *w.out_proj, out);
+}
+
 void Backend::moe_block(float* x, const float* y, int64_t n, int hidden, const MoeBlockWeights& b,
                         const MoeBlockScratch& s, float* out) {
   const int E = static_cast<int>(b.router->rows);

@@ -97,6 +97,36 @@ struct GDNStateView {
   int v_heads = 0, k_heads = 0, k_dim = 0, v_dim = 0;
 };
 
+// A GDN layer past its input projections (Backend::gdn_mixer): the conv weights [channels,
+// kernel] F32, A_log and dt_bias [v_heads], the gated norm's weights [v_dim] and its eps, and the
+// output projection [hidden, v_heads * v_dim].
+struct GdnMixerWeights {
+  const float* conv = nullptr;
+  const float* a_log = nullptr;
+  const float* dt_bias = nullptr;
+  const float* norm = nullptr;
+  float eps = 0.0f;
+  const Weight* out_proj = nullptr;
+};
+
+// Its inputs, the input projections' outputs (qkv [n_tokens, channels], z [n_tokens, v_heads *
+// v_dim], a and b [n_tokens, v_heads]), and the op-by-op form's intermediates (gdn_front's
+// outputs, the delta rule's o and the gated norm's rows `normed`, [n_tokens, v_heads * v_dim]).
+struct GdnMixerIo {
+  const float* qkv = nullptr;
+  const float* z = nullptr;
+  const float* a = nullptr;
+  const float* b = nullptr;
+  float* conv_out = nullptr;
+  float* q = nullptr;
+  float* k = nullptr;
+  float* v = nullptr;
+  float* g = nullptr;
+  float* beta = nullptr;
+  float* o = nullptr;
+  float* normed = nullptr;
+};
+
 // A MoE layer's shared expert, run for every token next to the routed ones: gate, up
 // [inter, hidden] and down [hidden, inter] plain matrices, and gate_logit [n], the layer's
 // shared_expert_gate output, whose sigmoid scales the expert's output.
@@ -441,6 +471,13 @@ class Backend {
     l2norm(k, T * st.k_heads, st.k_dim, 1e-6f, 1.0f);
     gdn_gates(a, b, a_log, dt_bias, g, beta, T, st.v_heads);
   }
+
+  // A GDN layer's mixer after its input projections: gdn_front, gated_delta_rule (no step
+  // states), then rmsnorm_gated_linear into out [n_tokens, hidden]. The default runs those ops; a
+  // backend may fuse the front, the rule and the gated norm (decode: one launch instead of three)
+  // and leave io's intermediates other than `normed` unwritten, agreeing within F32 rounding.
+  virtual void gdn_mixer(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
+                         const GdnMixerWeights& w, const GdnMixerIo& io, float* out);
 
   // ---- mixture of experts ----
   // Router: probabilities = softmax(logits) over E experts per row; picks the top k; weights are

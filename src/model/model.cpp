@@ -538,7 +538,6 @@ void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& ca
   (void)keep_step_states;
   Scratch& s = *s_;
   const GDNWeights& G = L.gdn;
-  const int Hv = geo_.v_heads, Dv = geo_.v_dim;
   {
     const Weight* ws[] = {&G.in_proj_qkv, &G.in_proj_z, &G.in_proj_b, &G.in_proj_a};
     float* outs[] = {s.qkv, s.z, s.b, s.a};
@@ -546,13 +545,18 @@ void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& ca
                                   static_cast<int>(cfg_.hidden_size),
                                   static_cast<float>(cfg_.rms_norm_eps), ws, outs, 4);
   }
-  const GDNStateView& st = caches.gdn[gdn_index];
-  // conv_out rows: [q (Hk*Dk) | k (Hk*Dk) | v (Hv*Dv)].
-  backend_.gdn_front(st, s.seqs, s.slots, s.qkv, G.conv.data, s.a, s.b, G.a_log.data,
-                     G.dt_bias.data, s.conv_out, s.q, s.k, s.v, s.g, s.beta);
-  backend_.gated_delta_rule(st, s.seqs, s.slots, s.q, s.k, s.v, s.g, s.beta, s.o, nullptr);
-  backend_.rmsnorm_gated_linear(s.o, s.z, G.norm.data, s.o2, T, Hv, Dv,
-                                static_cast<float>(cfg_.rms_norm_eps), G.out_proj, s.mix);
+  // The front (conv, l2norms, gates), the delta rule, the gated norm and the output projection:
+  // a backend may fuse the first three (Backend::gdn_mixer). conv_out rows: [q (Hk*Dk) | k
+  // (Hk*Dk) | v (Hv*Dv)].
+  GdnMixerWeights mw;
+  mw.conv = G.conv.data;
+  mw.a_log = G.a_log.data;
+  mw.dt_bias = G.dt_bias.data;
+  mw.norm = G.norm.data;
+  mw.eps = static_cast<float>(cfg_.rms_norm_eps);
+  mw.out_proj = &G.out_proj;
+  const GdnMixerIo io{s.qkv, s.z, s.a, s.b, s.conv_out, s.q, s.k, s.v, s.g, s.beta, s.o, s.o2};
+  backend_.gdn_mixer(caches.gdn[gdn_index], s.seqs, s.slots, mw, io, s.mix);
 }
 
 void Model::ffn_block(const LayerWeights& L, int T) {

@@ -144,6 +144,8 @@ class CudaBackend final : public Backend {
   void rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h, int64_t rows,
                             int dim, float eps, const Weight* const* ws, float* const* outs,
                             int count) override;
+  void gdn_mixer(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
+                 const GdnMixerWeights& w, const GdnMixerIo& io, float* out) override;
   void rmsnorm_gated_linear(const float* o, const float* z, const float* norm_w, float* normed,
                             int64_t n, int heads, int dim, float eps, const Weight& w,
                             float* out) override;
@@ -261,6 +263,9 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kArgmaxWsSlots = kArgmaxMaxRows * 32;  // cuda::kArgmaxMaxChunks
   float* argmax_ws_ = nullptr;
   void* pick_ws_ = nullptr;  // pick_tokens' (cuda::pick_workspace_bytes, zeroed)
+  // gdn_mixer's decode kernel: a ticket per (sequence, key head), zero at rest.
+  static constexpr int64_t kMixerTickets = 65536;
+  int* mixer_tickets_ = nullptr;
   // begin_download's pinned staging: a ring of slots, each reused once its ticket is finished
   // (pinned memory lets the copy run after the ops before it without the host waiting).
   struct PendingDownload {
