@@ -69,9 +69,7 @@ CudaBackend::CudaBackend(int device, PrefillPrecision prefill_precision, bool l2
   argmax_ws_ = static_cast<float*>(alloc(argmax_bytes));
   owned_.push_back(argmax_ws_);
   TM_CUDA(cudaMemset(argmax_ws_, 0, argmax_bytes));
-  mixer_tickets_ = static_cast<int*>(alloc(kMixerTickets * sizeof(int)));
-  owned_.push_back(mixer_tickets_);
-  TM_CUDA(cudaMemset(mixer_tickets_, 0, kMixerTickets * sizeof(int)));
+  mixer_max_cluster_ = cuda::init_gdn_mixer();
   pick_ws_ = alloc(cuda::pick_workspace_bytes());
   owned_.push_back(pick_ws_);
   TM_CUDA(cudaMemset(pick_ws_, 0, cuda::pick_workspace_bytes()));

@@ -42,6 +42,10 @@ struct GemvWorkspace {
   void* encode_tiled = nullptr;  // the driver's cuTensorMapEncodeTiled (wgmma devices)
 };
 
+// gdn_mixer's decode kernel (cuda_gdn_decode.cu): allows its non-portable cluster sizes and
+// returns the largest cluster (a multiple of 4 blocks, at most 16) the device can run.
+int init_gdn_mixer();
+
 // Causal GQA attention on the tensor cores (cuda_attention_prefill.cu) for head_dim 32, 64, 128
 // or 256 and up to 8 query heads per kv head; false, launching nothing, for other shapes.
 // fast: one F16 pass per product (PrefillPrecision::kFast) instead of three.
@@ -263,9 +267,8 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kArgmaxWsSlots = kArgmaxMaxRows * 32;  // cuda::kArgmaxMaxChunks
   float* argmax_ws_ = nullptr;
   void* pick_ws_ = nullptr;  // pick_tokens' (cuda::pick_workspace_bytes, zeroed)
-  // gdn_mixer's decode kernel: a ticket per (sequence, key head), zero at rest.
-  static constexpr int64_t kMixerTickets = 65536;
-  int* mixer_tickets_ = nullptr;
+  // The largest thread-block cluster gdn_mixer's decode kernel can launch (0: none).
+  int mixer_max_cluster_ = 0;
   // begin_download's pinned staging: a ring of slots, each reused once its ticket is finished
   // (pinned memory lets the copy run after the ops before it without the host waiting).
   struct PendingDownload {

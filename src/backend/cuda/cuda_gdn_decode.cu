@@ -5,18 +5,19 @@
 // gated norm), each paying a launch's dependency latency (2-3 us on the H200) for a few
 // microseconds of work.
 //
-// Block (sequence s, value head h), 512 threads: in the front, thread j < 128 owns q channel j of
-// the head's key head kh, j < 256 k channel j - 128, j < 256 + Dv value channel j - 256 of head h;
-// in the rule, thread j owns rows [i0, i0 + 32) of state column j / 4 (cuda_gdn.cuh), so a block
-// holds the head's whole state and output: the gated norm over the head needs no other block.
-//
-// The r = v_heads / k_heads blocks of one key head all compute its q and k (the conv is 4 FMAs a
-// channel); the conv state of those channels is written by the last of them to have read it
-// (a ticket per (sequence, key head), reset by that block), so no block reads a state another
-// has already advanced. Each block writes its own value channels' conv state.
+// kColBlocks blocks per (sequence s, value head h); block z holds state columns [32z, 32z + 32)
+// as delta_rule_decode_kernel does (thread j: rows [i0, i0 + 32) of column 32z + j / 4,
+// cuda_gdn.cuh), so a head's 64 KB of state loads over four multiprocessors. A cluster holds the
+// 4r blocks of one key head kh (its r = v_heads / k_heads value heads): every block computes the
+// q and k of kh (thread j: q and k channel j; the conv is 4 FMAs a channel) and its own 32 value
+// channels, and the cluster's first block writes the q and k channels' conv state once the
+// cluster's barrier says every block has read it. The gated norm sums the head's squares over
+// its four blocks (distributed shared memory, in block order); with a 4-bit output projection,
+// the head's first block writes the head's digits from its four blocks' outputs.
 //
 // The arithmetic of each part is its op's (gdn_front_kernel, delta_token_full, the gated norm's
 // kernels); sums over a head are taken in another order (F32 rounding apart, the same results).
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -28,12 +29,16 @@
 namespace tokenmill::cuda {
 namespace {
 
-constexpr int kMaxDv = 128;
-constexpr int kMixerThreads = kParts * kMaxDv;
-// Sequences up to which decode steps take the fused kernel. A block holds a whole head (512
-// threads, 128 registers each: one block a multiprocessor), which suits one sequence's 32-48
-// heads; with more the op-by-op kernels spread the heads' columns wider. H200, 27B q4g64: batch
-// 4 455.4 tok/s op by op, 448.4 fused; batch 64 2,095 against 1,914.
+namespace cg = cooperative_groups;
+
+constexpr int kColBlocks = 4;
+constexpr int kBlockCols = 32;
+constexpr int kMaxDv = kColBlocks * kBlockCols;
+constexpr int kMixerThreads = kParts * kBlockCols;  // 128
+static_assert(kMixerThreads == kRegDk, "thread j owns q and k channel j");
+// Sequences up to which decode steps take the fused kernel. The op-by-op kernels win from four
+// sequences on (H200, 27B q4g64: batch 4 455 tok/s op by op against 443 fused, batch 64 2,091
+// against 1,941; 35B-A3B batch 4 1,071 against 1,031), where their launches' latency is shared.
 constexpr int kMixerMaxSeqs = 1;
 
 struct MixerArgs {
@@ -46,20 +51,34 @@ struct MixerArgs {
   float* normed;  // [n_tokens, v_heads * v_dim]
   Q4Act act;      // with digits: normed's digits for the 4-bit output projection
   bool digits;
-  int* tickets;  // [n_seqs, k_heads], zero at rest
 };
 
-__global__ void __launch_bounds__(kMixerThreads, 1) gdn_mixer_decode_kernel(MixerArgs A) {
+// One conv channel's step: the state history (oldest first) and the weights, as
+// gdn_front_kernel.
+__device__ __forceinline__ float conv4_silu(const float (&hist)[3], const float (&w)[4], float x) {
+  float acc = 0.0f;
+  acc += w[0] * hist[0];
+  acc += w[1] * hist[1];
+  acc += w[2] * hist[2];
+  acc += w[3] * x;
+  return silu_f(acc);
+}
+
+__global__ void __launch_bounds__(kMixerThreads, 4) gdn_mixer_decode_kernel(MixerArgs A) {
   __shared__ __align__(16) float qk[2 * kRegDk];  // q_t, k_t of the key head, normalized
-  __shared__ float vs[kMaxDv];                    // v_t of the head
-  __shared__ float gs[kMaxDv];                    // the gated norm's output (for the digits)
+  __shared__ float vs[kBlockCols];                // v_t of the block's columns
+  __shared__ float gs[kBlockCols];                // the gated norm's outputs of the block
   __shared__ float red[32];
+  __shared__ float head_ss;  // the block's sum of squares of o
   __shared__ float gate[2];  // the decay factor exp(g) and beta
-  __shared__ int last;
+  cg::cluster_group cluster = cg::this_cluster();
   const GDNStateView& st = A.st;
-  const int s = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int Hv = st.v_heads, Hk = st.k_heads, Dv = st.v_dim, kh = h / (Hv / Hk);
-  const int d = tid / kParts, i0 = (tid % kParts) * kRowsPerPart;
+  const int s = blockIdx.x, h = blockIdx.y, zb = blockIdx.z, tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int Hv = st.v_heads, Hk = st.k_heads, Dv = st.v_dim, r = Hv / Hk, kh = h / r;
+  // Cluster rank of head h's block z: z * r + h % r (dims (1, r, kColBlocks), x fastest).
+  const int head_rank0 = h % r;
+  const int c0 = zb * kBlockCols, d = c0 + tid / kParts, i0 = (tid % kParts) * kRowsPerPart;
   const bool active = d < Dv;
   const int64_t C = st.channels, qkd = int64_t{Hk} * kRegDk, vd = int64_t{Hv} * Dv;
   const int64_t slot = A.slots[s];
@@ -71,23 +90,32 @@ __global__ void __launch_bounds__(kMixerThreads, 1) gdn_mixer_decode_kernel(Mixe
   for (int j = 0; j < kRowsPerPart; ++j) {
     col[j] = active ? S[static_cast<int64_t>(i0 + j) * Dv + d] : 0.0f;
   }
-  const bool conv_live = tid < 2 * kRegDk + Dv;
-  const int64_t ch = tid < kRegDk       ? kh * kRegDk + tid
-                     : tid < 2 * kRegDk ? qkd + kh * kRegDk + (tid - kRegDk)
-                                        : 2 * qkd + int64_t{h} * Dv + (tid - 2 * kRegDk);
-  float* sc = st.conv + (slot * C + (conv_live ? ch : 0)) * 3;
-  float h0 = 0.0f, h1 = 0.0f, h2 = 0.0f, w[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (conv_live) {
-    h0 = sc[0], h1 = sc[1], h2 = sc[2];
+  // Channels: q (kh * Dk + tid), k (qkd + the same), and for tid < 32 value channel c0 + tid.
+  const int64_t chq = int64_t{kh} * kRegDk + tid, chk = qkd + chq;
+  const bool v_live = tid < kBlockCols && c0 + tid < Dv;
+  const int64_t chv = 2 * qkd + int64_t{h} * Dv + (v_live ? c0 + tid : 0);
+  float* sq = st.conv + (slot * C + chq) * 3;
+  float* sk = st.conv + (slot * C + chk) * 3;
+  float* sv = st.conv + (slot * C + chv) * 3;
+  float hq[3], hk[3], hv[3] = {0.0f, 0.0f, 0.0f}, wq[4], wk[4], wv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = A.conv_w[ch * 4 + i];
+  for (int i = 0; i < 3; ++i) hq[i] = sq[i], hk[i] = sk[i];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) wq[i] = A.conv_w[chq * 4 + i], wk[i] = A.conv_w[chk * 4 + i];
+  if (v_live) {
+#pragma unroll
+    for (int i = 0; i < 3; ++i) hv[i] = sv[i];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wv[i] = A.conv_w[chv * 4 + i];
   }
   const float wn = active ? A.norm_w[d] : 0.0f;
   const float a_log = A.a_log[h], dt_bias = A.dt_bias[h];
   pdl_begin();
   const int64_t t = A.seqs.cu_seqlens[s];
-  if (A.seqs.cu_seqlens[s + 1] <= t) return;  // no token: the states stay as they are
-  const float xt = conv_live ? A.qkv[t * C + ch] : 0.0f;
+  // No token: the states stay as they are (the whole cluster returns).
+  if (A.seqs.cu_seqlens[s + 1] <= t) return;
+  const float xq = A.qkv[t * C + chq], xk = A.qkv[t * C + chk];
+  const float xv = v_live ? A.qkv[t * C + chv] : 0.0f;
   const float zv = active ? A.z[t * vd + int64_t{h} * Dv + d] : 0.0f;
   if (tid == 0) {
     const float u = A.a[t * Hv + h] + dt_bias;
@@ -95,69 +123,96 @@ __global__ void __launch_bounds__(kMixerThreads, 1) gdn_mixer_decode_kernel(Mixe
     gate[0] = expf(-expf(a_log) * sp);
     gate[1] = sigmoid_f(A.b[t * Hv + h]);
   }
-  // The conv's order of gdn_front_kernel: history oldest first, then the new input.
-  float acc = 0.0f;
-  acc += w[0] * h0;
-  acc += w[1] * h1;
-  acc += w[2] * h2;
-  acc += w[3] * xt;
-  const float y = silu_f(acc);
-  // q's squares in warps 0-3, k's in warps 4-7.
-  const float sq = warp_sum(tid < 2 * kRegDk ? y * y : 0.0f);
-  if (lane == 0) red[warp] = sq;
-  if (tid >= 2 * kRegDk && conv_live) vs[tid - 2 * kRegDk] = y;
+  const float yq = conv4_silu(hq, wq, xq), yk = conv4_silu(hk, wk, xk);
+  if (v_live) vs[tid] = conv4_silu(hv, wv, xv);
+  // The l2norms: q's squares in red[0..3], k's in red[4..7].
+  const float ssq = warp_sum(yq * yq), ssk = warp_sum(yk * yk);
+  if (lane == 0) red[warp] = ssq, red[4 + warp] = ssk;
   __syncthreads();
-  if (tid < 2 * kRegDk) {
-    const int q0 = tid < kRegDk ? 0 : 4;
-    const float ss = (red[q0] + red[q0 + 1]) + (red[q0 + 2] + red[q0 + 3]);
-    const float f = tid < kRegDk ? 1.0f / sqrtf(static_cast<float>(kRegDk)) : 1.0f;
-    qk[tid] = y * (f / sqrtf(ss + 1e-6f));
+  {
+    const float tq = (red[0] + red[1]) + (red[2] + red[3]);
+    const float tk = (red[4] + red[5]) + (red[6] + red[7]);
+    qk[tid] = yq * ((1.0f / sqrtf(static_cast<float>(kRegDk))) / sqrtf(tq + 1e-6f));
+    qk[kRegDk + tid] = yk * (1.0f / sqrtf(tk + 1e-6f));
   }
-  // Every thread of this block has read its conv state (its values are in y): the ticket is
-  // taken now and its answer read at the end, its round trip under the rule and the norm.
-  int* ticket = A.tickets + int64_t{s} * Hk + kh;
-  int taken = 0;
-  if (tid == 0) {
-    __threadfence();
-    taken = atomicAdd(ticket, 1);
-  }
+  if (v_live) sv[0] = hv[1], sv[1] = hv[2], sv[2] = xv;
   __syncthreads();
-  if (conv_live && tid >= 2 * kRegDk) sc[0] = h1, sc[1] = h2, sc[2] = xt;
   const float o =
-      delta_token_full(col, qk, qk + kRegDk, i0, gate[0], gate[1], active ? vs[d] : 0.0f);
+      delta_token_full(col, qk, qk + kRegDk, i0, gate[0], gate[1], active ? vs[d - c0] : 0.0f);
   if (active) {
 #pragma unroll
     for (int j = 0; j < kRowsPerPart; ++j) S[static_cast<int64_t>(i0 + j) * Dv + d] = col[j];
   }
-  // The gated norm over the head (its four threads a column hold o; the first counts).
+  // The gated norm over the head: the block's squares (the first of a column's four threads),
+  // then the cluster's, summed in block order.
   const bool first = active && tid % kParts == 0;
-  const float inv =
-      1.0f / sqrtf(block_sum(first ? o * o : 0.0f, red) / static_cast<float>(Dv) + A.eps);
+  const float bss = block_sum(first ? o * o : 0.0f, red);
+  if (tid == 0) head_ss = bss;
+  // Past this barrier every block of the cluster has read its conv state.
+  cluster.sync();
+  float ss = 0.0f;
+#pragma unroll
+  for (int z = 0; z < kColBlocks; ++z) {
+    ss += *cluster.map_shared_rank(&head_ss, z * r + head_rank0);
+  }
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(Dv) + A.eps);
   const float gv = wn * (o * inv) * silu_f(zv);
   if (first) {
     A.normed[t * vd + int64_t{h} * Dv + d] = gv;
-    gs[d] = gv;
+    gs[d - c0] = gv;
   }
-  if (tid == 0) {
-    last = taken == Hv / Hk - 1;
-    if (last) *ticket = 0;
+  if (cluster.block_rank() == 0) {
+    sq[0] = hq[1], sq[1] = hq[2], sq[2] = xq;
+    sk[0] = hk[1], sk[1] = hk[2], sk[2] = xk;
   }
-  __syncthreads();
-  if (tid < 2 * kRegDk && last) sc[0] = h1, sc[1] = h2, sc[2] = xt;
-  if (A.digits && warp == 0) {
+  // Every block has read the cluster's head_ss once all pass here. The head's digits then by
+  // block 0 from the cluster's outputs, which stay until it has read them.
+  cluster.sync();
+  if (A.digits && zb == 0 && warp == 0) {
     const bool live = lane < Dv / 8;
     float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     if (live) {
-      const float* p = gs + lane * 8;
+      const int c = lane * 8;  // 8 columns of block c / 32
+      const float* p =
+          cluster.map_shared_rank(gs, c / kBlockCols * r + head_rank0) + c % kBlockCols;
       const float nib[8] = {p[0], p[2], p[4], p[6], p[1], p[3], p[5], p[7]};  // nibble order
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = nib[i];
     }
     q4d_store_word(v, live, t, int64_t{h} * Dv / 8 + lane, vd, A.act.group, A.act);
   }
+  if (A.digits) cluster.sync();
 }
 
 }  // namespace
+
+int init_gdn_mixer() {
+  // Clusters of 4r blocks: 12 for the 27B's r = 3 exceeds the portable 8.
+  TM_CUDA(cudaFuncSetAttribute(gdn_mixer_decode_kernel,
+                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  int best = 0;
+  for (int size = kColBlocks; size <= 16; size += kColBlocks) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, static_cast<unsigned>(size / kColBlocks), kColBlocks);
+    cfg.blockDim = dim3(kMixerThreads);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = static_cast<unsigned>(size / kColBlocks);
+    attr[0].val.clusterDim.z = kColBlocks;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, gdn_mixer_decode_kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // not a sticky error: that size is simply not available
+      break;
+    }
+    if (clusters <= 0) break;
+    best = size;
+  }
+  return best;
+}
+
 }  // namespace tokenmill::cuda
 
 namespace tokenmill {
@@ -169,15 +224,14 @@ void CudaBackend::gdn_mixer(const GDNStateView& st, const SeqLayout& seqs, const
                      st.k_dim == cuda::kRegDk && st.v_dim >= 8 && st.v_dim <= cuda::kMaxDv &&
                      st.v_dim % 8 == 0 && r > 0 && st.v_heads % st.k_heads == 0 &&
                      seqs.max_seq_tokens == 1 && seqs.n_seqs >= 1 && seqs.n_seqs <= 65535 &&
-                     st.v_heads <= 65535 && int64_t{seqs.n_seqs} * st.k_heads <= kMixerTickets;
+                     st.v_heads <= 65535 && r * cuda::kColBlocks <= mixer_max_cluster_;
   if (!fused) {
     Backend::gdn_mixer(st, seqs, slots, w, io, out);
     return;
   }
   const int64_t n = seqs.n_tokens, K = int64_t{st.v_heads} * st.v_dim;
-  cuda::MixerArgs a{st,        seqs,          slots,   io.qkv,        io.z,   io.a,
-                    io.b,      w.conv,        w.a_log, w.dt_bias,     w.norm, w.eps,
-                    io.normed, cuda::Q4Act{}, false,   mixer_tickets_};
+  cuda::MixerArgs a{st,      seqs,      slots,  io.qkv, io.z,      io.a,          io.b, w.conv,
+                    w.a_log, w.dt_bias, w.norm, w.eps,  io.normed, cuda::Q4Act{}, false};
   cuda::GemvJobs jobs;
   if (n >= 1 && n <= cuda::kQ4DigitMaxRows && !w.out_proj->experts) {
     const cuda::DevMat m = cuda::make_devmat(*w.out_proj, 0);
@@ -190,9 +244,21 @@ void CudaBackend::gdn_mixer(const GDNStateView& st, const SeqLayout& seqs, const
       jobs.count = 1;
     }
   }
-  cuda::launch_pdl(cuda::gdn_mixer_decode_kernel,
-                   dim3(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(st.v_heads)),
-                   dim3(cuda::kMixerThreads), 0, stream_, a);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim =
+      dim3(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(st.v_heads), cuda::kColBlocks);
+  cfg.blockDim = dim3(cuda::kMixerThreads);
+  cfg.stream = stream_;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = 1;
+  attr[1].val.clusterDim.y = static_cast<unsigned>(r);
+  attr[1].val.clusterDim.z = cuda::kColBlocks;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  TM_CUDA(cudaLaunchKernelEx(&cfg, cuda::gdn_mixer_decode_kernel, a));
   TM_CUDA_LAUNCHED();
   if (a.digits) {
     cuda::launch_q4_gemv(stream_, jobs, a.act, static_cast<int>(n), cuda::Q4Slots{}, 0, gemv_ws_);

@@ -1,10 +1,11 @@
 // gdn_mixer (a GDN layer's front, delta rule, gated norm and output projection): on CUDA one
 // kernel for decode steps of one sequence (one token, k_dim 128), the op-by-op form otherwise;
 // against the CPU backend's op-by-op form over consecutive steps, so every state the fused
-// kernel writes (the conv state of the key heads' q and k channels, written by the last of the
-// key head's blocks, and of the value channels; the delta rule's state) is read back by the
-// next step. Tolerances: the delta rule's 1e-4 (test_cuda_attention_gdn.cpp); conv states are
-// copies of inputs (exact).
+// kernel writes (the conv state of the key heads' q and k channels, written by each key head's
+// cluster after all its blocks read it, and of the value channels; the delta rule's state) is
+// read back by the next step. r = 2 and 3 value heads a key head: clusters of 8 and 12 blocks.
+// Tolerances: the delta rule's 1e-4 (test_cuda_attention_gdn.cpp); conv states are copies of inputs
+// (exact).
 #include <algorithm>
 #include <string>
 
