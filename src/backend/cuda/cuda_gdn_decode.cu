@@ -187,9 +187,12 @@ __global__ void __launch_bounds__(kMixerThreads, 4) gdn_mixer_decode_kernel(Mixe
 }  // namespace
 
 int init_gdn_mixer() {
-  // Clusters of 4r blocks: 12 for the 27B's r = 3 exceeds the portable 8.
-  TM_CUDA(cudaFuncSetAttribute(gdn_mixer_decode_kernel,
-                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  // Clusters of 4r blocks: 12 for the 27B's r = 3 exceeds the portable 8. A device that allows
+  // no more than 8 takes the sizes it can (the occupancy query below says which).
+  if (cudaFuncSetAttribute(gdn_mixer_decode_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                           1) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
   int best = 0;
   for (int size = kColBlocks; size <= 16; size += kColBlocks) {
     cudaLaunchConfig_t cfg = {};
