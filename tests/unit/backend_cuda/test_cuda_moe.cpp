@@ -7,52 +7,16 @@
 #include <cstring>
 
 #include "cuda_test_util.h"
-#include "tensor/affine.h"
+#include "cuda_test_weights.h"
 
 namespace tokenmill::cudatest {
 namespace {
 
-struct Experts {
-  Weight w;
-  std::vector<uint8_t> data, scales, biases;
-};
-
-Experts make_experts(Rng& rng, int bits, int64_t E, int64_t rows, int64_t cols, int group = 32) {
-  Experts x;
-  if (bits == 0) {
-    x.data.resize(static_cast<size_t>(E * rows * cols) * 2);
-    for (size_t i = 0; i < x.data.size() / 2; ++i) {
-      const uint16_t h = f32_to_bf16(rng.normal(0.3f));
-      std::memcpy(x.data.data() + i * 2, &h, 2);
-    }
-    x.w.dtype = DType::BF16;
-  } else {
-    const int64_t words = cols * bits / 32, groups = cols / group;
-    std::vector<float> src(static_cast<size_t>(rows * cols)), s(static_cast<size_t>(rows * groups)),
-        b(s.size());
-    std::vector<uint32_t> packed(static_cast<size_t>(rows * words));
-    x.data.resize(static_cast<size_t>(E * rows * words * 4));
-    x.scales.resize(static_cast<size_t>(E * rows * groups) * 4);
-    x.biases.resize(x.scales.size());
-    for (int64_t e = 0; e < E; ++e) {
-      for (auto& v : src) v = rng.normal(0.3f);
-      affine::quantize(src.data(), rows, cols, bits, group, packed.data(), s.data(), b.data());
-      std::memcpy(x.data.data() + e * rows * words * 4, packed.data(), packed.size() * 4);
-      std::memcpy(x.scales.data() + e * rows * groups * 4, s.data(), s.size() * 4);
-      std::memcpy(x.biases.data() + e * rows * groups * 4, b.data(), b.size() * 4);
-    }
-    x.w.dtype = DType::U32;
-    x.w.bits = bits;
-    x.w.group = group;
-    x.w.scale_dtype = DType::F32;
-    x.w.scales = x.scales.data();
-    x.w.biases = x.biases.data();
-  }
-  x.w.data = x.data.data();
-  x.w.rows = rows;
-  x.w.cols = cols;
-  x.w.experts = E;
-  return x;
+// E stacked experts of [rows, cols]: bf16 (bits 0) or MLX affine with F32 scales.
+HostWeight make_experts(Rng& rng, int bits, int64_t E, int64_t rows, int64_t cols, int group = 32) {
+  // if/else, not ?: (a copy would leave w pointing at the temporary's bytes).
+  if (bits == 0) return float_weight(rng, DType::BF16, rows, cols, E);
+  return affine_weight(rng, bits, group, DType::F32, rows, cols, E);
 }
 
 class CudaMoe : public CudaVsCpu {};
@@ -64,16 +28,16 @@ TEST_F(CudaMoe, MatchesCpu) {
   const int64_t E = 6, hidden = 64, inter = 96;
   const int k = 2;
   for (int bits : {0, 4, 3}) {
-    Experts g = make_experts(rng, bits, E, inter, hidden),
-            u = make_experts(rng, bits, E, inter, hidden),
-            d = make_experts(rng, bits, E, hidden, inter);
+    HostWeight g = make_experts(rng, bits, E, inter, hidden),
+               u = make_experts(rng, bits, E, inter, hidden),
+               d = make_experts(rng, bits, E, hidden, inter);
     const Weight dg = gpu->upload_weight(g.w), du = gpu->upload_weight(u.w),
                  dd = gpu->upload_weight(d.w);
     for (int64_t shared_inter : {int64_t{0}, inter, int64_t{32}}) {
       // One expert's matrices, then made plain.
-      Experts sg = make_experts(rng, bits, 1, std::max<int64_t>(shared_inter, 32), hidden),
-              su = make_experts(rng, bits, 1, std::max<int64_t>(shared_inter, 32), hidden),
-              sd = make_experts(rng, bits, 1, hidden, std::max<int64_t>(shared_inter, 32));
+      HostWeight sg = make_experts(rng, bits, 1, std::max<int64_t>(shared_inter, 32), hidden),
+                 su = make_experts(rng, bits, 1, std::max<int64_t>(shared_inter, 32), hidden),
+                 sd = make_experts(rng, bits, 1, hidden, std::max<int64_t>(shared_inter, 32));
       sg.w.experts = su.w.experts = sd.w.experts = 0;
       const Weight dsg = gpu->upload_weight(sg.w), dsu = gpu->upload_weight(su.w),
                    dsd = gpu->upload_weight(sd.w);
@@ -121,10 +85,11 @@ TEST_F(CudaMoe, LongBatchRunsSlotKernelsInPieces) {
   Rng rng(32);
   const int64_t E = 160, hidden = 8192, inter = 32, n = 600;
   const int k = 1;
-  Experts g = make_experts(rng, 4, E, inter, hidden), u = make_experts(rng, 4, E, inter, hidden),
-          d = make_experts(rng, 4, E, hidden, inter);
-  Experts sg = make_experts(rng, 4, 1, inter, hidden), su = make_experts(rng, 4, 1, inter, hidden),
-          sd = make_experts(rng, 4, 1, hidden, inter);
+  HostWeight g = make_experts(rng, 4, E, inter, hidden), u = make_experts(rng, 4, E, inter, hidden),
+             d = make_experts(rng, 4, E, hidden, inter);
+  HostWeight sg = make_experts(rng, 4, 1, inter, hidden),
+             su = make_experts(rng, 4, 1, inter, hidden),
+             sd = make_experts(rng, 4, 1, hidden, inter);
   sg.w.experts = su.w.experts = sd.w.experts = 0;
   const Weight dg = gpu->upload_weight(g.w), du = gpu->upload_weight(u.w),
                dd = gpu->upload_weight(d.w), dsg = gpu->upload_weight(sg.w),
@@ -158,15 +123,15 @@ TEST_F(CudaMoe, BlockMatchesCpu) {
   for (float& v : norm) v = 1.0f + 0.2f * v;
   for (int router_bits : {0, 8}) {
     for (int expert_bits : {4, 0}) {
-      Experts router = make_experts(rng, router_bits, 1, E, hidden, 64),
-              sgate = make_experts(rng, router_bits, 1, 1, hidden, 64);
+      HostWeight router = make_experts(rng, router_bits, 1, E, hidden, 64),
+                 sgate = make_experts(rng, router_bits, 1, 1, hidden, 64);
       router.w.experts = sgate.w.experts = 0;
-      Experts g = make_experts(rng, expert_bits, E, inter, hidden),
-              u = make_experts(rng, expert_bits, E, inter, hidden),
-              d = make_experts(rng, expert_bits, E, hidden, inter);
-      Experts sg = make_experts(rng, expert_bits, 1, inter, hidden),
-              su = make_experts(rng, expert_bits, 1, inter, hidden),
-              sd = make_experts(rng, expert_bits, 1, hidden, inter);
+      HostWeight g = make_experts(rng, expert_bits, E, inter, hidden),
+                 u = make_experts(rng, expert_bits, E, inter, hidden),
+                 d = make_experts(rng, expert_bits, E, hidden, inter);
+      HostWeight sg = make_experts(rng, expert_bits, 1, inter, hidden),
+                 su = make_experts(rng, expert_bits, 1, inter, hidden),
+                 sd = make_experts(rng, expert_bits, 1, hidden, inter);
       sg.w.experts = su.w.experts = sd.w.experts = 0;
       const Weight dr = gpu->upload_weight(router.w), dsgate = gpu->upload_weight(sgate.w),
                    dg = gpu->upload_weight(g.w), du = gpu->upload_weight(u.w),
