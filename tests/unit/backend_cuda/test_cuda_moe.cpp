@@ -4,7 +4,6 @@
 // Tolerance 1e-4 relative (F32 accumulation in different orders through two products).
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "cuda_test_util.h"
 #include "cuda_test_weights.h"
