@@ -18,10 +18,15 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "support/test_rng.h"
+#include "support/test_weights.h"
 #include "util/thread_pool.h"
 
 namespace tokenmill::cudatest {
 
+using test::affine_weight;
+using test::float_weight;
+using test::HostWeight;
+using test::rebind;
 using test::Rng;
 
 // Skips the calling test when no CUDA device is visible (and says so on stdout).

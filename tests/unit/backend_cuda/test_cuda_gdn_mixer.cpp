@@ -10,7 +10,6 @@
 #include <string>
 
 #include "cuda_test_util.h"
-#include "cuda_test_weights.h"
 
 namespace tokenmill::cudatest {
 namespace {

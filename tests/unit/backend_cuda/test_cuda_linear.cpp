@@ -9,7 +9,6 @@
 #include <utility>
 
 #include "cuda_test_util.h"
-#include "cuda_test_weights.h"
 #include "tensor/affine.h"
 #include "tensor/dtype.h"
 

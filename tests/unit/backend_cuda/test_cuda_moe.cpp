@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "cuda_test_util.h"
-#include "cuda_test_weights.h"
 
 namespace tokenmill::cudatest {
 namespace {

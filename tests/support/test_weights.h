@@ -1,5 +1,6 @@
-// Host weights for the CUDA backend tests: random float matrices and MLX affine matrices
-// (quantized from random values), held with their bytes.
+// Host weights for the backend tests: random float matrices and MLX affine matrices (quantized
+// from random values), held with their bytes. The CPU tests add exact reference values
+// (backend_cpu/cpu_test_util.h); the CUDA tests compare against the CPU backend instead.
 #pragma once
 
 #include <cstdint>
@@ -11,9 +12,7 @@
 #include "tensor/affine.h"
 #include "tensor/dtype.h"
 
-namespace tokenmill::cudatest {
-
-using test::Rng;
+namespace tokenmill::test {
 
 struct HostWeight {
   Weight w;
@@ -92,4 +91,4 @@ inline HostWeight affine_weight(Rng& rng, int bits, int group, DType sd, int64_t
   return h;
 }
 
-}  // namespace tokenmill::cudatest
+}  // namespace tokenmill::test
