@@ -251,12 +251,10 @@ struct Q4DigitDot {
         }
         const float2 fx = xb.s[cb][u];
         const float X = odd ? fx.y : 0.0f;  // odd lanes add the bias term
-        tot[cb][0] +=
-            (sc[0] * fx.x) * fmaf(256.0f, static_cast<float>(c[0]), static_cast<float>(c[1])) +
-            bi[0] * X;
-        tot[cb][1] +=
-            (sc[1] * fx.x) * fmaf(256.0f, static_cast<float>(c[2]), static_cast<float>(c[3])) +
-            bi[1] * X;
+        // 256 c0 + c1 in integers, then one conversion: |c0| < 2^17, so the sum fits an int32,
+        // and the one rounding to F32 is the one fmaf(256, c0, c1) over exact floats would do.
+        tot[cb][0] += (sc[0] * fx.x) * static_cast<float>(c[0] * 256 + c[1]) + bi[0] * X;
+        tot[cb][1] += (sc[1] * fx.x) * static_cast<float>(c[2] * 256 + c[3]) + bi[1] * X;
       }
     }
   }
