@@ -245,9 +245,10 @@ class CudaBackend final : public Backend {
   // allocation); growing waits for the stream and is refused while a step is being recorded.
   // After reserve_step_workspaces it should not grow (a warning says a step outgrew the shape).
   void* grow_workspace(void** p, size_t* bytes, size_t need, const char* what);
-  // Bytes of gemm_x_ gemm() uses for n rows of `cols` inputs: their F16 hi and lo parts. The one
-  // formula for the lazy growth and the reservation.
-  static size_t gemm_x_bytes(int64_t n, int64_t cols);
+  // Bytes of gemm_x_ gemm() uses at most for n rows of `cols` inputs: one F16 part a value
+  // when fast, else kGemmParts (gemm() asks for what its weights need; the reservation for the
+  // most).
+  size_t gemm_x_bytes(int64_t n, int64_t cols) const;
   // Bytes of gdn_ws_ gated_delta_rule() uses: the chunked form's W, U, P and G when it takes the
   // call (a sequence of kChunkedDeltaMinRows rows or more, no per-row states wanted), else 0.
   static size_t gdn_ws_bytes(const GDNStateView& st, const SeqLayout& seqs, bool step_states);
@@ -311,14 +312,16 @@ class CudaBackend final : public Backend {
   void chain_gemv(cuda::GemvJobs& jobs);
   static constexpr size_t kGemvWorkspaceBytes = size_t{16} << 20;
   static constexpr int kMaxGemvSlotFloats = 256;
-  // cuBLAS handle, its workspace, {alpha, 0, 1, max bits} on the device, the F16 weight slab and
-  // the F16 activations (grown for long prefills, never while a step is recorded).
+  // cuBLAS handle, its workspace, {alpha, 0, (unused), max bits} on the device, the F16 weight slab
+  // and the F16 activations (grown for long prefills, never while a step is recorded).
   void* cublas_ = nullptr;
   float* gemm_consts_ = nullptr;
   void* gemm_w_ = nullptr;
   void* gemm_x_ = nullptr;
   size_t gemm_x_bytes_ = 0;
-  static constexpr size_t kGemmSlabBytes = size_t{64} << 20;
+  static constexpr size_t kGemmSlabBytes = size_t{256}
+                                           << 20;  // gemm_w_: F16 weight rows, all parts
+  static constexpr int kGemmParts = 3;             // the most F16 parts a product is split into
   static constexpr size_t kGemmInitialXBytes = size_t{64} << 20;
   static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
   // The chunked delta rule's W, U, P and G for a prefill call (grown like gemm_x_).

@@ -12,7 +12,8 @@
 //     V' = U - W S;  o_r = e^G_r S^T q_r + sum_{s<=r} P_rs V'_s;
 //     S <- e^G_L S + sum_r e^(G_L - G_r) k_r V'_r^T   (L: the chunk's last token).
 // So the part that must run in order is three dense products per chunk; the per-token chains
-// (the substitution) run in parallel over chunks. All arithmetic F32.
+// (the substitution) run in parallel over chunks. prepare's arithmetic is F32 on the CUDA
+// cores; walk's products run on the tensor cores with split TF32 operands (F32-accurate, below).
 //
 // Why: the recurrent kernel walks the tokens one at a time (a dot product, two shuffles, an
 // update and another dot product per token): 12 ms per 27B layer at an 8k-token prompt.
@@ -199,57 +200,136 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_prepare_kernel(ChunkAr
   }
 }
 
-// Shared memory of walk (floats): S slice [Dk][kCols], X (W, then e^(G_L-G) k) and Y (e^G q)
-// [kChunk][Dk + 4] each, P [kChunk][kLdT], V' [kChunk][kCols], G [kChunk].
-size_t walk_smem_floats(int Dk) {
-  return static_cast<size_t>(Dk) * kCols + 2 * static_cast<size_t>(kChunk) * (Dk + 4) +
-         static_cast<size_t>(kChunk) * kLdT + static_cast<size_t>(kChunk) * kCols + kChunk;
+// The walk's products on the tensor cores: m16n8k8 TF32 tiles with each F32 operand split
+// into a TF32 big part and the TF32-rounded remainder, d += a_s b_b + a_b b_s + a_b b_b (about
+// 2^-22 relative per product, F32 accumulation), so the walk agrees with the CPU's F32 like
+// the SIMT form it replaces.
+constexpr int kLdA = kMaxDim + 4;  // rows of W, e^G q and k' (A operands; rows g in distinct banks)
+constexpr int kLdB = kCols + 8;    // rows of S and V' (B operands; rows t, t + 4 in distinct banks)
+
+// big: x rounded to TF32's 10 mantissa bits (ties away from zero), two integer operations;
+// small: the exact remainder, whose low 13 bits the tensor cores ignore (truncation: 2^-21 of
+// x at most).
+__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
+  big = (__float_as_uint(x) + 0x1000u) & 0xFFFFE000u;
+  small = __float_as_uint(x - __uint_as_float(big));
 }
 
+// An A fragment (4 values) or a B fragment (2) split into big and small parts.
+template <int N>
+struct Tf32Frag {
+  uint32_t big[N], small[N];
+  __device__ __forceinline__ explicit Tf32Frag(const float (&v)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) split_tf32(v[i], big[i], small[i]);
+  }
+};
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += a b with split operands (the small products first).
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const Tf32Frag<4>& a,
+                                           const Tf32Frag<2>& b) {
+  mma_tf32(d, a.small, b.big[0], b.big[1]);
+  mma_tf32(d, a.big, b.small[0], b.small[1]);
+  mma_tf32(d, a.big, b.big[0], b.big[1]);
+}
+
+// The A fragment at rows m0 + g (+8), columns k0 + t (+4) of a row-major matrix with row
+// stride ld (lane: g = lane / 4, t = lane % 4).
+__device__ __forceinline__ Tf32Frag<4> load_a(const float* p, int ld, int m0, int k0, int g,
+                                              int t) {
+  const float* r = p + (m0 + g) * ld + k0 + t;
+  const float v[4] = {r[0], r[8 * ld], r[4], r[8 * ld + 4]};
+  return Tf32Frag<4>(v);
+}
+
+// The A fragment of the transpose of a row-major matrix: A[i][r] = p[r * ld + i].
+__device__ __forceinline__ Tf32Frag<4> load_at(const float* p, int ld, int m0, int k0, int g,
+                                               int t) {
+  const float* r = p + (k0 + t) * ld + m0 + g;
+  const float v[4] = {r[0], r[8], r[4 * ld], r[4 * ld + 8]};
+  return Tf32Frag<4>(v);
+}
+
+// The B fragment at rows k0 + t (+4), column n0 + g of a row-major matrix.
+__device__ __forceinline__ Tf32Frag<2> load_b(const float* p, int ld, int k0, int n0, int g,
+                                              int t) {
+  const float* r = p + (k0 + t) * ld + n0 + g;
+  const float v[2] = {r[0], r[4 * ld]};
+  return Tf32Frag<2>(v);
+}
+
+// Shared memory of walk (floats): S slice [kMaxDim][kLdB]; X (W, then e^(G_L-G) k) and Y (e^G
+// q, then V' [kChunk][kLdB]) [kChunk][kLdA] each; P [kChunk][kLdT].
+size_t walk_smem_floats() {
+  return static_cast<size_t>(kMaxDim) * kLdB + 2 * static_cast<size_t>(kChunk) * kLdA +
+         static_cast<size_t>(kChunk) * kLdT;
+}
+
+// Per chunk, with k_dim padded with zeros to Dp (a multiple of 16) and rows past the chunk's
+// end zero (so V' is zero there):
+//   A: warp (mt, nh) = (warp % 4, warp / 4) takes rows 16 mt.. and columns 16 nh.. of
+//      V' = U - W S and of e^G q S (K = Dp);
+//   B: the same tiles of O += P V' (K: the rows up to the tile's last, P being causal);
+//   C: warp w takes state rows 16 w.. of S <- e^G_L S + k'^T V' (K: the chunk's rows).
 __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs a) {
   pdl_begin();
   extern __shared__ __align__(16) float sh[];
   const int s = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * kCols;
   const int Hv = a.st.v_heads, Hk = a.st.k_heads, Dk = a.st.k_dim, Dv = a.st.v_dim;
   const int kh = h / (Hv / Hk);
-  const int ld = Dk + 4;
-  float* const S_s = sh;                    // [Dk][kCols]
-  float* const X_s = S_s + Dk * kCols;      // [kChunk][ld]
-  float* const Y_s = X_s + kChunk * ld;     // [kChunk][ld]
-  float* const P_s = Y_s + kChunk * ld;     // [kChunk][kLdT]
-  float* const V_s = P_s + kChunk * kLdT;   // [kChunk][kCols]
-  float* const G_s = V_s + kChunk * kCols;  // [kChunk]
+  const int Dp = (Dk + 15) / 16 * 16;
+  float* const S_s = sh;                    // [Dp][kLdB]
+  float* const X_s = S_s + kMaxDim * kLdB;  // [kChunk][kLdA]
+  float* const Y_s = X_s + kChunk * kLdA;   // [kChunk][kLdA]; V' [kChunk][kLdB] after A
+  float* const P_s = Y_s + kChunk * kLdA;   // [kChunk][kLdT]
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
   float* const S = a.st.ssm + (static_cast<int64_t>(a.slots[s]) * Hv + h) * Dk * Dv;
-  for (int i = tid; i < Dk * kCols; i += kThreads) {
+  for (int i = tid; i < Dp * kCols; i += kThreads) {
     const int r = i / kCols, c = i % kCols;
-    S_s[i] = c0 + c < Dv ? S[static_cast<int64_t>(r) * Dv + c0 + c] : 0.0f;
+    S_s[r * kLdB + c] = r < Dk && c0 + c < Dv ? S[static_cast<int64_t>(r) * Dv + c0 + c] : 0.0f;
   }
   const int64_t t0 = a.seqs.cu_seqlens[s], t1 = a.seqs.cu_seqlens[s + 1];
   const int64_t qk_stride = static_cast<int64_t>(Hk) * Dk, v_stride = static_cast<int64_t>(Hv) * Dv;
-  const int words = Dk / 4;
-  // Thread roles: (row, column) products take column lane and rows warp + 8m; the state update
-  // takes column lane and state rows 16 warp + j (k_dim <= 128 = 8 warps x 16).
-  const int c = lane;
-  const bool col_live = c0 + c < Dv;
+  const int words = Dp / 4;                                // float4s of a padded row
+  constexpr int kItems = kChunk * kMaxDim / 4 / kThreads;  // row float4s a thread loads, at most
+  const int mt = warp & 3, nh = warp >> 2, m0 = 16 * mt;
 
   for (int64_t tc = t0; tc < t1; tc += kChunk) {
     const int L = static_cast<int>(t1 - tc < kChunk ? t1 - tc : kChunk);
-    __syncthreads();  // the previous chunk's readers of X/Y/P/V' and writers of S are done
-    if (tid < kChunk) G_s[tid] = tid < L ? a.G[(tc + tid) * Hv + h] : 0.0f;
-    __syncthreads();
-    for (int i = tid; i < kChunk * words; i += kThreads) {
+    const float GL = a.G[(tc + L - 1) * Hv + h];
+    // This chunk's k' = e^(G_L - G_r) k_r, held until X is free; W and e^G q into X and Y.
+    float4 kr[kItems];
+    __syncthreads();  // the previous chunk's readers of X, Y, P and writers of S are done
+#pragma unroll
+    for (int n = 0; n < kItems; ++n) {
+      const int i = tid + n * kThreads;
       const int r = i / words, j = (i % words) * 4;
-      float4 w4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q4 = w4;
-      if (r < L) {
+      float4 w4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q4 = w4, k4 = w4;
+      if (r < L && j < Dk) {
+        const float G = a.G[(tc + r) * Hv + h];
+        const int64_t at = (tc + r) * qk_stride + static_cast<int64_t>(kh) * Dk + j;
         w4 = *reinterpret_cast<const float4*>(a.W + ((tc + r) * Hv + h) * Dk + j);
-        q4 = *reinterpret_cast<const float4*>(a.q + (tc + r) * qk_stride +
-                                              static_cast<int64_t>(kh) * Dk + j);
-        const float e = expf(G_s[r]);
+        q4 = *reinterpret_cast<const float4*>(a.q + at);
+        k4 = *reinterpret_cast<const float4*>(a.k + at);
+        const float e = expf(G), f = expf(GL - G);
         q4 = make_float4(e * q4.x, e * q4.y, e * q4.z, e * q4.w);
+        k4 = make_float4(f * k4.x, f * k4.y, f * k4.z, f * k4.w);
       }
-      *reinterpret_cast<float4*>(X_s + r * ld + j) = w4;
-      *reinterpret_cast<float4*>(Y_s + r * ld + j) = q4;
+      kr[n] = k4;
+      if (r < kChunk) {
+        *reinterpret_cast<float4*>(X_s + r * kLdA + j) = w4;
+        *reinterpret_cast<float4*>(Y_s + r * kLdA + j) = q4;
+      }
     }
     for (int i = tid; i < kChunk * (kChunk / 4); i += kThreads) {
       const int r = i / (kChunk / 4), j = (i % (kChunk / 4)) * 4;
@@ -257,97 +337,93 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs 
       if (r < L) p4 = *reinterpret_cast<const float4*>(a.P + ((tc + r) * Hv + h) * kChunk + j);
       *reinterpret_cast<float4*>(P_s + r * kLdT + j) = p4;
     }
-    float u[kChunk / 8];
+    // U at this warp's V' fragments: rows m0 + g (+8), columns 16 nh + 8 n + 2t (+1).
+    float u[2][4];
 #pragma unroll
-    for (int m = 0; m < kChunk / 8; ++m) {
-      const int r = warp + 8 * m;
-      u[m] = r < L && col_live ? a.U[((tc + r) * Hv + h) * Dv + c0 + c] : 0.0f;
-    }
-    __syncthreads();
-    // V' = U - W S and the state's part of the output, e^G q S, for rows warp + 8m.
-    float ob[kChunk / 8];
-    {
-      float ws[kChunk / 8];
+    for (int n = 0; n < 2; ++n) {
 #pragma unroll
-      for (int m = 0; m < kChunk / 8; ++m) ws[m] = ob[m] = 0.0f;
-      for (int w = 0; w < words; ++w) {
-        const float* Sc = S_s + (4 * w) * kCols + c;
-        const float s0 = Sc[0], s1 = Sc[kCols], s2 = Sc[2 * kCols], s3 = Sc[3 * kCols];
-#pragma unroll
-        for (int m = 0; m < kChunk / 8; ++m) {
-          const int r = warp + 8 * m;
-          const float4 w4 = reinterpret_cast<const float4*>(X_s + r * ld)[w];
-          const float4 q4 = reinterpret_cast<const float4*>(Y_s + r * ld)[w];
-          ws[m] += w4.x * s0 + w4.y * s1 + w4.z * s2 + w4.w * s3;
-          ob[m] += q4.x * s0 + q4.y * s1 + q4.z * s2 + q4.w * s3;
-        }
+      for (int e = 0; e < 4; ++e) {
+        const int r = m0 + g + 8 * (e >> 1), c = c0 + 16 * nh + 8 * n + 2 * t + (e & 1);
+        u[n][e] = r < L && c < Dv ? a.U[((tc + r) * Hv + h) * Dv + c] : 0.0f;
       }
-#pragma unroll
-      for (int m = 0; m < kChunk / 8; ++m) V_s[(warp + 8 * m) * kCols + c] = u[m] - ws[m];
     }
     __syncthreads();
-    // X <- e^(G_L - G_r) k_r for the state update (W is no longer read).
-    const float GL = G_s[L - 1];
-    for (int i = tid; i < kChunk * words; i += kThreads) {
+    // A: W S and e^G q S.
+    float ws[2][4] = {}, ob[2][4] = {};
+    for (int k0 = 0; k0 < Dp; k0 += 8) {
+      const Tf32Frag<4> wa = load_a(X_s, kLdA, m0, k0, g, t);
+      const Tf32Frag<4> qa = load_a(Y_s, kLdA, m0, k0, g, t);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const Tf32Frag<2> sb = load_b(S_s, kLdB, k0, 16 * nh + 8 * n, g, t);
+        mma_3xtf32(ws[n], wa, sb);
+        mma_3xtf32(ob[n], qa, sb);
+      }
+    }
+    __syncthreads();  // X and Y are read: V' goes into Y, k' into X
+    float* const V_s = Y_s;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int c = 16 * nh + 8 * n + 2 * t;
+      *reinterpret_cast<float2*>(V_s + (m0 + g) * kLdB + c) =
+          make_float2(u[n][0] - ws[n][0], u[n][1] - ws[n][1]);
+      *reinterpret_cast<float2*>(V_s + (m0 + g + 8) * kLdB + c) =
+          make_float2(u[n][2] - ws[n][2], u[n][3] - ws[n][3]);
+    }
+#pragma unroll
+    for (int n = 0; n < kItems; ++n) {
+      const int i = tid + n * kThreads;
       const int r = i / words, j = (i % words) * 4;
-      float4 k4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (r < L) {
-        k4 = *reinterpret_cast<const float4*>(a.k + (tc + r) * qk_stride +
-                                              static_cast<int64_t>(kh) * Dk + j);
-        const float f = expf(GL - G_s[r]);
-        k4 = make_float4(f * k4.x, f * k4.y, f * k4.z, f * k4.w);
-      }
-      *reinterpret_cast<float4*>(X_s + r * ld + j) = k4;
-    }
-    // Output: o_r = e^G_r S^T q_r + sum_{s<=r} P_rs V'_s (P is zero above the diagonal).
-#pragma unroll
-    for (int w = 0; w < kChunk / 4; ++w) {
-      const float v0 = V_s[(4 * w) * kCols + c], v1 = V_s[(4 * w + 1) * kCols + c],
-                  v2 = V_s[(4 * w + 2) * kCols + c], v3 = V_s[(4 * w + 3) * kCols + c];
-#pragma unroll
-      for (int m = 0; m < kChunk / 8; ++m) {
-        const float4 p4 = reinterpret_cast<const float4*>(P_s + (warp + 8 * m) * kLdT)[w];
-        ob[m] += p4.x * v0 + p4.y * v1 + p4.z * v2 + p4.w * v3;
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < kChunk / 8; ++m) {
-      const int r = warp + 8 * m;
-      if (r < L && col_live)
-        a.out[(tc + r) * v_stride + static_cast<int64_t>(h) * Dv + c0 + c] = ob[m];
+      if (r < kChunk) *reinterpret_cast<float4*>(X_s + r * kLdA + j) = kr[n];
     }
     __syncthreads();
-    // State: S <- e^G_L S + sum_r e^(G_L - G_r) k_r V'_r^T, rows 16 warp + j in registers.
+    // B: o_r = e^G_r S^T q_r + sum_{s<=r} P_rs V'_s (P is zero above the diagonal).
+    for (int k0 = 0; k0 < m0 + 16 && k0 < L; k0 += 8) {
+      const Tf32Frag<4> pa = load_a(P_s, kLdT, m0, k0, g, t);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        mma_3xtf32(ob[n], pa, load_b(V_s, kLdB, k0, 16 * nh + 8 * n, g, t));
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = m0 + g + 8 * (e >> 1), c = c0 + 16 * nh + 8 * n + 2 * t + (e & 1);
+        if (r < L && c < Dv)
+          a.out[(tc + r) * v_stride + static_cast<int64_t>(h) * Dv + c] = ob[n][e];
+      }
+    }
+    // C: S <- e^G_L S + sum_r k'_r V'_r^T for rows i0.. (this warp's own rows of S).
     const int i0 = 16 * warp;
-    if (i0 < Dk) {
+    if (i0 < Dp) {
       const float eL = expf(GL);
-      float acc[16];
+      float acc[4][4];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) acc[j] = i0 + j < Dk ? eL * S_s[(i0 + j) * kCols + c] : 0.0f;
-      for (int r = 0; r < L; ++r) {
-        const float vr = V_s[r * kCols + c];
-        const float4* kr = reinterpret_cast<const float4*>(X_s + r * ld + i0);
+      for (int n = 0; n < 4; ++n) {
 #pragma unroll
-        for (int j4 = 0; j4 < 4; ++j4) {
-          if (i0 + 4 * j4 < Dk) {  // Dk is a multiple of 4
-            const float4 k4 = kr[j4];
-            acc[4 * j4] += k4.x * vr;
-            acc[4 * j4 + 1] += k4.y * vr;
-            acc[4 * j4 + 2] += k4.z * vr;
-            acc[4 * j4 + 3] += k4.w * vr;
-          }
+        for (int e = 0; e < 4; ++e) {
+          acc[n][e] = eL * S_s[(i0 + g + 8 * (e >> 1)) * kLdB + 8 * n + 2 * t + (e & 1)];
         }
       }
+      for (int k0 = 0; k0 < L; k0 += 8) {
+        const Tf32Frag<4> ka = load_at(X_s, kLdA, i0, k0, g, t);
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        if (i0 + j < Dk) S_s[(i0 + j) * kCols + c] = acc[j];
+        for (int n = 0; n < 4; ++n) mma_3xtf32(acc[n], ka, load_b(V_s, kLdB, k0, 8 * n, g, t));
+      }
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          S_s[(i0 + g + 8 * (e >> 1)) * kLdB + 8 * n + 2 * t + (e & 1)] = acc[n][e];
+        }
       }
     }
   }
   __syncthreads();
   for (int i = tid; i < Dk * kCols; i += kThreads) {
     const int r = i / kCols, cc = i % kCols;
-    if (c0 + cc < Dv) S[static_cast<int64_t>(r) * Dv + c0 + cc] = S_s[i];
+    if (c0 + cc < Dv) S[static_cast<int64_t>(r) * Dv + c0 + cc] = S_s[r * kLdB + cc];
   }
 }
 
@@ -381,12 +457,12 @@ bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const
   const ChunkArgs a{state, seqs, slots, q, k, v, g, beta, out, W, U, P, G};
   const int ld = (Dk > Dv ? Dk : Dv) + 4;
   const size_t prep_smem = prepare_smem_floats(ld) * sizeof(float);
-  const size_t walk_smem = walk_smem_floats(Dk) * sizeof(float);
+  const size_t walk_smem = walk_smem_floats() * sizeof(float);
   TM_CUDA(cudaFuncSetAttribute(delta_rule_prepare_kernel,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(prepare_smem_floats(kMaxDim + 4) * sizeof(float))));
   TM_CUDA(cudaFuncSetAttribute(delta_rule_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(walk_smem_floats(kMaxDim) * sizeof(float))));
+                               static_cast<int>(walk_smem)));
   // At most n_tokens / kChunk + n_seqs chunks; blocks past the last chunk return at once.
   const unsigned chunks = static_cast<unsigned>(seqs.n_tokens / kChunk + seqs.n_seqs);
   launch_pdl(delta_rule_prepare_kernel, dim3(chunks, static_cast<unsigned>(state.v_heads)),

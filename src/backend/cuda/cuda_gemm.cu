@@ -1,17 +1,18 @@
 // Prefill GEMM (more than kGemvMaxRows activation rows) on tensor cores through cuBLAS: F16
 // operands, F32 accumulation and output.
 //
-// The weight is dequantized (any format) to F16 in row slabs of a fixed workspace, so no
-// full-precision copy of the model exists; the activations are scaled by one power of two that
-// puts their largest magnitude in [2^14, 2^15) (F16 range; the GEMM's alpha, read from device
-// memory, undoes it). Both operands are split into hi + lo F16 parts where F16 alone would round
-// them: activations always, weights when they are F32 or affine (s*q + b; BF16 and F16 weights
-// are exact in F16). The product is hi*hi + hi*lo (+ lo*hi): two or three GEMMs accumulating in
-// F32, about 22 significant bits per operand, so prefill agrees with decode and with the CPU to
-// F32 rounding. (One F16 GEMM was measured 5-15x the golden tolerance off on quantized models
-// whose logits are large: 2^-12 relative error per weight is not small there.)
-// PrefillPrecision::kFast
-// (--prefill-precision fast) is that one pass, for those who trade the agreement for speed.
+// The weight is dequantized (any format) to F16 in row slabs of a fixed workspace (256 MiB), so
+// no full-precision copy of the model exists; the activations are scaled by one power of two
+// that puts their largest magnitude in [2^14, 2^15) (F16 range; the GEMM's alpha, read from
+// device memory, undoes it). Both operands are split into hi + lo F16 parts where F16 alone
+// would round them: activations always, weights when they are F32 or affine (s*q + b; BF16 and
+// F16 weights are exact in F16). The product is hi*hi + hi*lo (+ lo*hi), computed as one GEMM
+// over the parts laid side by side along K (weights [hi hi lo], activations [hi lo hi]) so that
+// they sum in one F32 accumulator: about 22 significant bits per operand, so prefill agrees
+// with decode and with the CPU to F32 rounding. (One F16 GEMM was measured 5-15x the golden
+// tolerance off on quantized models whose logits are large: 2^-12 relative error per weight is
+// not small there.) PrefillPrecision::kFast (--prefill-precision fast) is the hi parts alone,
+// for those who trade the agreement for speed.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -35,16 +36,20 @@ __device__ __forceinline__ uint32_t pack_half2(__half a, __half b) {
          (static_cast<uint32_t>(__half_as_ushort(b)) << 16);
 }
 
-// Rows [r0, r0 + rows) of m as F16 hi [rows, m.cols] and, when lo != nullptr, the remainders
-// lo = f16(w - hi); thread i converts 8 values (or fewer at the end of an odd-width row).
-__global__ void dequant_f16_kernel(DevMat m, int64_t r0, int64_t rows, __half* __restrict__ out,
-                                   __half* __restrict__ lo) {
+// Rows [r0, r0 + rows) of m as F16 rows of ld = parts * m.cols halves (kGemmParts): the hi
+// parts hi = f16(w) in the first m.cols, again in the second when parts > 1, and the
+// remainders f16(w - hi) in the third when parts == 3; thread i converts 8 values (or fewer at
+// the end of an odd-width row).
+__global__ void dequant_f16_kernel(DevMat m, int64_t r0, int64_t rows, int parts,
+                                   __half* __restrict__ out) {
   const int64_t per_row = (m.cols + 7) / 8;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * per_row) return;
   const int64_t r = r0 + i / per_row, j = (i % per_row) * 8;
   const uint8_t* row = m.data + r * m.row_bytes;
-  const int64_t at = (r - r0) * m.cols + j;
+  const int64_t at = (r - r0) * m.cols * parts + j;
+  __half* const hi2 = parts > 1 ? out + m.cols : nullptr;
+  __half* const lo = parts > 2 ? out + 2 * m.cols : nullptr;
   if (m.chunks8 && j + 8 <= m.cols && m.cols % 8 == 0) {
     float w[8];
     load8(m, row, r, j, w);
@@ -57,12 +62,14 @@ __global__ void dequant_f16_kernel(DevMat m, int64_t r0, int64_t rows, __half* _
                          __float2half_rn(w[2 * k + 1] - __half2float(h1)));
     }
     *reinterpret_cast<uint4*>(out + at) = make_uint4(ph[0], ph[1], ph[2], ph[3]);
+    if (hi2) *reinterpret_cast<uint4*>(hi2 + at) = make_uint4(ph[0], ph[1], ph[2], ph[3]);
     if (lo) *reinterpret_cast<uint4*>(lo + at) = make_uint4(pl[0], pl[1], pl[2], pl[3]);
   } else {
     for (int64_t k = j; k < j + 8 && k < m.cols; ++k) {
       const float v = load1(m, row, r, k);
       const __half h = __float2half_rn(v);
       out[at + k - j] = h;
+      if (hi2) hi2[at + k - j] = h;
       if (lo) lo[at + k - j] = __float2half_rn(v - __half2float(h));
     }
   }
@@ -86,19 +93,23 @@ __device__ __forceinline__ int act_exponent(unsigned max_bits) {
   return m > 0.0f && m <= FLT_MAX ? min(max(14 - ilogbf(m), -126), 126) : 0;
 }
 
-// hi/lo F16 parts of x * 2^e; consts[0] = 2^-e (the GEMM's alpha).
-__global__ void split_f16_kernel(const float* __restrict__ x, int64_t n,
-                                 const unsigned* __restrict__ max_bits, __half* __restrict__ hi,
-                                 __half* __restrict__ lo, float* __restrict__ consts) {
+// The F16 parts of x * 2^e (x: n rows of K) as rows of parts * K halves, the partners of the
+// weight rows of dequant_f16_kernel: hi = f16(x 2^e), then lo = f16(x 2^e - hi) when parts > 1,
+// then hi again when parts == 3; consts[0] = 2^-e (the GEMM's alpha).
+__global__ void split_f16_kernel(const float* __restrict__ x, int64_t n, int64_t K, int parts,
+                                 const unsigned* __restrict__ max_bits, __half* __restrict__ out,
+                                 float* __restrict__ consts) {
   const int e = act_exponent(*max_bits);
   const float f = ldexpf(1.0f, e);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i == 0) consts[0] = ldexpf(1.0f, -e);
-  if (i >= n) return;
+  if (i >= n * K) return;
   const float s = x[i] * f;
   const __half h = __float2half_rn(s);
-  hi[i] = h;
-  if (lo) lo[i] = __float2half_rn(s - __half2float(h));
+  __half* const row = out + (i / K) * (K * parts) + i % K;
+  row[0] = h;
+  if (parts > 1) row[K] = __float2half_rn(s - __half2float(h));
+  if (parts > 2) row[2 * K] = h;
 }
 
 }  // namespace
@@ -114,7 +125,7 @@ void CudaBackend::init_gemm() {
   TM_CUBLAS(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE));
   gemm_consts_ = static_cast<float*>(alloc(256));
   owned_.push_back(gemm_consts_);
-  const float init[4] = {1.0f, 0.0f, 1.0f, 0.0f};  // alpha, beta 0, beta 1, max bits
+  const float init[4] = {1.0f, 0.0f, 1.0f, 0.0f};  // alpha, beta 0, (unused), max bits
   TM_CUDA(cudaMemcpy(gemm_consts_, init, sizeof init, cudaMemcpyHostToDevice));
   gemm_w_ = alloc(kGemmSlabBytes);
   owned_.push_back(gemm_w_);
@@ -135,53 +146,55 @@ void CudaBackend::destroy_gemm() {
   gdn_ws_ = nullptr;
 }
 
-size_t CudaBackend::gemm_x_bytes(int64_t n, int64_t cols) {
-  return static_cast<size_t>(n * cols) * 2 * sizeof(__half);
+size_t CudaBackend::gemm_x_bytes(int64_t n, int64_t cols) const {
+  const int parts = prefill_precision_ == PrefillPrecision::kFast ? 1 : kGemmParts;
+  return static_cast<size_t>(n * cols) * parts * sizeof(__half);
 }
 
+// One GEMM over K' = parts * K: out^T [rows, n] = [W_hi W_hi W_lo] [x_hi; x_lo; x_hi] (F16
+// operands, F32 accumulation), so the two or three products of the split sum in one
+// accumulator and one pass over the output.
 void CudaBackend::gemm(const float* x, int64_t n, const cuda::DevMat& m, float* out) {
-  const int64_t K = m.cols, elems = n * K;
-  grow_workspace(&gemm_x_, &gemm_x_bytes_, gemm_x_bytes(n, K), "prefill GEMM");
-  // kFast: the hi parts only (one pass, F16 rounding of both operands).
-  const bool fast = prefill_precision_ == PrefillPrecision::kFast;
-  auto* hi = static_cast<__half*>(gemm_x_);
-  __half* lo = fast ? nullptr : hi + elems;
+  const int64_t K = m.cols;
+  // kFast: the hi parts only (one pass, F16 rounding of both operands). BF16 and F16 weights
+  // are exact in F16: hi*hi + hi*lo. Others: hi*hi + hi*lo + lo*hi.
+  const bool exact_in_f16 = m.bits == 0 && m.dtype != cuda::kF32;
+  const int parts = prefill_precision_ == PrefillPrecision::kFast ? 1 : exact_in_f16 ? 2 : 3;
+  const int64_t kp = K * parts;
+  grow_workspace(&gemm_x_, &gemm_x_bytes_, static_cast<size_t>(n * kp) * sizeof(__half),
+                 "prefill GEMM");
+  auto* xs = static_cast<__half*>(gemm_x_);
   auto* max_bits = reinterpret_cast<unsigned*>(gemm_consts_ + 3);
   TM_CUDA(cudaMemsetAsync(max_bits, 0, sizeof(unsigned), stream_));
   const int threads = 256;
+  const int64_t elems = n * K;
   const auto grid_max =
       static_cast<unsigned>(std::min<int64_t>((elems + threads - 1) / threads, 1024));
   cuda::abs_max_kernel<<<grid_max, threads, 0, stream_>>>(x, elems, max_bits);
   TM_CUDA_LAUNCHED();
   cuda::split_f16_kernel<<<cuda::blocks_for(elems, threads), threads, 0, stream_>>>(
-      x, elems, max_bits, hi, lo, gemm_consts_);
+      x, n, K, parts, max_bits, xs, gemm_consts_);
   TM_CUDA_LAUNCHED();
 
   auto* h = static_cast<cublasHandle_t>(cublas_);
-  const bool exact_in_f16 = m.bits == 0 && m.dtype != cuda::kF32;
-  // Half of the slab workspace each for the weights' hi and lo parts.
-  const int64_t slab = static_cast<int64_t>(kGemmSlabBytes / 2 / sizeof(__half)) / K / 16 * 16;
-  TM_CUDA_REQUIRE(slab >= 16, "linear: rows too wide for the GEMM workspace");
-  auto* w_hi = static_cast<__half*>(gemm_w_);
-  __half* w_lo = exact_in_f16 || fast ? nullptr : w_hi + kGemmSlabBytes / 2 / sizeof(__half);
-  const int ik = static_cast<int>(K), in = static_cast<int>(n), ld_out = static_cast<int>(m.rows);
+  // Slabs of equal rows (a multiple of 16), as few as the workspace allows: a short last slab
+  // is a GEMM of a fraction of a wave.
+  const int64_t most = static_cast<int64_t>(kGemmSlabBytes / sizeof(__half)) / kp / 16 * 16;
+  TM_CUDA_REQUIRE(most >= 16, "linear: rows too wide for the GEMM workspace");
+  const int64_t slabs = (m.rows + most - 1) / most;
+  const int64_t slab = ((m.rows + slabs - 1) / slabs + 15) / 16 * 16;
+  auto* w = static_cast<__half*>(gemm_w_);
+  const int ik = static_cast<int>(kp), in = static_cast<int>(n), ld_out = static_cast<int>(m.rows);
   for (int64_t r0 = 0; r0 < m.rows; r0 += slab) {
     const int64_t rows = std::min(slab, m.rows - r0);
     const int64_t items = rows * ((K + 7) / 8);
     cuda::dequant_f16_kernel<<<cuda::blocks_for(items, threads), threads, 0, stream_>>>(m, r0, rows,
-                                                                                        w_hi, w_lo);
+                                                                                        parts, w);
     TM_CUDA_LAUNCHED();
-    // Column-major view: out^T [rows, n] (ld m.rows) = W [K, rows]^T * x [K, n], as
-    // W_hi x_hi (beta 0) + W_hi x_lo + W_lo x_hi (beta 1).
-    const __half* ws[3] = {w_hi, w_hi, w_lo};
-    const __half* xs[3] = {hi, lo, hi};
-    const int parts = fast ? 1 : w_lo ? 3 : 2;
-    for (int part = 0; part < parts; ++part) {
-      TM_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), in, ik,
-                             gemm_consts_, ws[part], CUDA_R_16F, ik, xs[part], CUDA_R_16F, ik,
-                             gemm_consts_ + (part == 0 ? 1 : 2), out + r0, CUDA_R_32F, ld_out,
-                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
+    // Column-major view: out^T [rows, n] (ld m.rows) = W' [K', rows]^T * x' [K', n].
+    TM_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), in, ik,
+                           gemm_consts_, w, CUDA_R_16F, ik, xs, CUDA_R_16F, ik, gemm_consts_ + 1,
+                           out + r0, CUDA_R_32F, ld_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 }
 
