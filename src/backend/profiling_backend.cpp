@@ -60,13 +60,13 @@ void ProfilingBackend::gather_rows(const float* x, int dim, const int32_t* rows,
   timed("gather_rows", n, [&] { in_.gather_rows(x, dim, rows, n, out); });
 }
 void ProfilingBackend::add(float* x, const float* y, int64_t n) {
-  timed("add", n, [&] { in_.add(x, y, n); });
+  timed_elements("add", [&] { in_.add(x, y, n); });
 }
 void ProfilingBackend::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
-  timed("silu_mul", n, [&] { in_.silu_mul(gate, up, out, n); });
+  timed_elements("silu_mul", [&] { in_.silu_mul(gate, up, out, n); });
 }
 void ProfilingBackend::sigmoid_mul(float* x, const float* gate, int64_t n) {
-  timed("sigmoid_mul", n, [&] { in_.sigmoid_mul(x, gate, n); });
+  timed_elements("sigmoid_mul", [&] { in_.sigmoid_mul(x, gate, n); });
 }
 void ProfilingBackend::scale_rows_sigmoid(float* x, const float* gate, int64_t rows, int dim) {
   timed("scale_rows_sigmoid", rows, [&] { in_.scale_rows_sigmoid(x, gate, rows, dim); });

@@ -3,7 +3,8 @@
 // Synchronizing after every op removes the overlap a real run has (and adds a few microseconds
 // per op on devices), so the table says where device time goes, not how fast a step is.
 // Rows are split into calls of <= 64 rows ("[small]": decode steps) and larger ("[large]":
-// prefill). Used by `tokenmill bench --profile-ops`.
+// prefill); element-wise ops, which know no rows, have one row ("[elements]"). Used by
+// `tokenmill bench --profile-ops`.
 #pragma once
 
 #include <chrono>
@@ -144,11 +145,21 @@ class ProfilingBackend final : public Backend {
   // (small) and prefill chunks (large) land in different rows.
   template <class Fn>
   void timed(const std::string& op, int64_t rows, Fn&& fn) {
+    timed_as(op + (rows <= kSmallRows ? " [small]" : " [large]"), fn);
+  }
+  // For element-wise ops, which see an element count and no rows: one table row whatever the
+  // size.
+  template <class Fn>
+  void timed_elements(const std::string& op, Fn&& fn) {
+    timed_as(op + " [elements]", fn);
+  }
+  template <class Fn>
+  void timed_as(const std::string& row, Fn&& fn) {
     in_.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
     in_.synchronize();
-    OpTime& t = table_[op + (rows <= kSmallRows ? " [small]" : " [large]")];
+    OpTime& t = table_[row];
     t.calls++;
     t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }

@@ -4,8 +4,9 @@
 # figures, the per-test rates and the peak memory; the chart is a complete SVG document;
 # a missing model directory, a zero batch size, an unknown --prefill-precision and a top-p above 1
 # fail with messages naming them; --temperature/--top-k/--top-p/--presence-penalty sample and the
-# report says so. (Contexts shorter than the batch sweep's 64-token prompts once made the batch
-# sweep overflow the context window.)
+# report says so; --profile-ops prints the timed prompts' ops apart from the decode runs'.
+# (Contexts shorter than the batch sweep's 64-token prompts once made the batch sweep overflow
+# the context window.)
 set -euo pipefail
 BIN="$1"
 ROOT="${TM_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
@@ -73,4 +74,21 @@ if "$BIN" bench "$ROOT/models/demo" --device cpu --top-p 1.5 > "$TMP/o7.txt" 2>&
   echo "bench with --top-p 1.5 succeeded"; exit 1
 fi
 grep -q "top-p" "$TMP/o7.txt" || { echo "error does not name --top-p:"; cat "$TMP/o7.txt"; exit 1; }
+# --profile-ops reports the timed prompts apart from the decode runs: a 100-row prompt's ops are
+# "[large]" in the first table; the decode runs' prompts (16 rows) and the batch sweep's (64)
+# leave none in the second.
+"$BIN" bench "$ROOT/models/demo" --device cpu --threads 2 --prompt-lengths 100 --contexts 16 \
+  --batches 1 --decode-tokens 2 --profile-ops --json "$TMP/f.json" --chart "$TMP/f.svg" \
+  > "$TMP/o9.txt" 2>&1 || { echo "bench --profile-ops failed:"; cat "$TMP/o9.txt"; exit 1; }
+"$PY" - "$TMP/o9.txt" <<'PYEOF'
+import sys
+text = open(sys.argv[1]).read()
+head1 = "per-op device time (--profile-ops), the timed prompts"
+head2 = "per-op device time (--profile-ops), the decode runs and the batch sweep"
+assert head1 in text and head2 in text, text
+first = text.split(head1, 1)[1].split(head2, 1)[0]
+second = text.split(head2, 1)[1]
+assert "[large]" in first and "  total " in first, first
+assert "[small]" in second and "[large]" not in second and "  total " in second, second
+PYEOF
 echo "bench: ok"
