@@ -18,6 +18,14 @@ double pct(const BenchReport& r, double tok_s) {
 }
 }  // namespace
 
+double prefill_tflops(const BenchReport& r, const BenchReport::Prefill& p) {
+  const double n = p.tokens;
+  const double flops =
+      2.0 * n * static_cast<double>(r.layer_macs_per_token) +
+      2.0 * static_cast<double>(r.attention_width) * n * (n + 1) * r.attention_layers;
+  return p.tok_s > 0 ? flops / (n / p.tok_s) / 1e12 : 0.0;
+}
+
 void print_report(const BenchReport& r) {
   std::printf("\ntokenmill bench\n  device: %s\n  model:  %s\n  sampling: %s\n", r.device.c_str(),
               r.model.c_str(), r.sampling.c_str());
@@ -26,8 +34,12 @@ void print_report(const BenchReport& r) {
   std::printf("  weights read per decoded token: %.3f GB\n\n", r.weight_bytes_per_token / 1e9);
   std::printf("  %-28s %12s %10s %8s\n", "test", "tok/s", "GB/s", "% bw");
   for (const auto& p : r.prefill) {
-    std::printf("  prefill %-20d %12.1f %10s %8s   TTFT %.3f s\n", p.tokens, p.tok_s, "-", "-",
-                p.ttft_s);
+    const double tf = prefill_tflops(r, p);
+    std::printf("  prefill %-20d %12.1f %10s %8s   TTFT %.3f s, %.1f TFLOP/s", p.tokens, p.tok_s,
+                "-", "-", p.ttft_s, tf);
+    if (r.matmul_tflops > 0)
+      std::printf(" (%.1f%% of the matmul rate)", 100.0 * tf / r.matmul_tflops);
+    std::printf("\n");
   }
   for (const auto& d : r.decode) {
     std::printf("  decode @ context %-11d %12.2f %10.1f %7.1f%%\n", d.context, d.tok_s,
@@ -60,8 +72,15 @@ void write_report_json(const BenchReport& r, const std::string& path) {
                       {"cache_bytes", r.cache_bytes},
                       {"kv_dtype", r.kv_dtype},
                       {"sampling", r.sampling}};
-  for (const auto& p : r.prefill)
-    j["prefill"].push_back({{"tokens", p.tokens}, {"tok_s", p.tok_s}, {"ttft_s", p.ttft_s}});
+  for (const auto& p : r.prefill) {
+    const double tf = prefill_tflops(r, p);
+    j["prefill"].push_back(
+        {{"tokens", p.tokens},
+         {"tok_s", p.tok_s},
+         {"ttft_s", p.ttft_s},
+         {"tflops", tf},
+         {"pct_of_matmul", r.matmul_tflops > 0 ? 100.0 * tf / r.matmul_tflops : 0.0}});
+  }
   for (const auto& d : r.decode) {
     j["decode"].push_back({{"context", d.context},
                            {"tok_s", d.tok_s},

@@ -154,6 +154,9 @@ void bench_command(BenchOptions o) {
   }
   rep.load_seconds = std::chrono::duration<double>(Clock::now() - t_load).count();
   rep.weight_bytes_per_token = model->weights().weight_bytes;
+  rep.layer_macs_per_token = model->weights().layer_macs_per_token;
+  rep.attention_width = static_cast<int64_t>(model->config().num_heads) * model->config().head_dim;
+  rep.attention_layers = model->config().num_full_attention_layers();
   const int64_t V = model->config().vocab_size;
 
   constexpr int kBatchPrompt = 64;  // tokens of each prompt of the batch sweep

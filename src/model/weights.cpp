@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -225,6 +226,8 @@ class Binder {
 
   int64_t bytes() const { return bytes_; }
   int64_t expert_bytes() const { return expert_bytes_; }
+  int64_t elements() const { return elements_; }
+  int64_t expert_elements() const { return expert_elements_; }
 
  private:
   Weight stacked(const void* data, DType dt, int64_t rows, int64_t cols, int64_t E) {
@@ -255,15 +258,21 @@ class Binder {
 
   void count(const Weight& w) {
     const auto b = static_cast<int64_t>(w.total_bytes());
+    const int64_t e = w.rows * w.cols * std::max<int64_t>(w.experts, 1);
     bytes_ += b;
-    if (w.experts > 0) expert_bytes_ += b;
+    elements_ += e;
+    if (w.experts > 0) {
+      expert_bytes_ += b;
+      expert_elements_ += e;
+    }
   }
 
   Checkpoint& ckpt_;
   const ModelConfig& cfg_;
   WeightStore& store_;
   int64_t bytes_ = 0;
-  int64_t expert_bytes_ = 0;  // stacked expert matrices (a token reads k of E)
+  int64_t expert_bytes_ = 0;                    // stacked expert matrices (a token reads k of E)
+  int64_t elements_ = 0, expert_elements_ = 0;  // the same in matrix elements
 };
 
 LayerWeights bind_layer(Binder& b, const ModelConfig& cfg, const std::string& p, LayerKind kind) {
@@ -328,9 +337,14 @@ ModelWeights bind_weights(Checkpoint& ckpt, const ModelConfig& cfg, WeightStore&
   const int64_t embed_bytes = b.bytes();
   w.final_norm = b.norm("norm.weight", H);
   w.layers.reserve(static_cast<size_t>(cfg.num_layers));
+  const int64_t elements0 = b.elements(), expert_elements0 = b.expert_elements();
   for (int i = 0; i < cfg.num_layers; ++i) {
     w.layers.push_back(bind_layer(b, cfg, fmt::format("layers.{}", i), cfg.layer_types[i]));
   }
+  const int64_t layer_experts = b.expert_elements() - expert_elements0;
+  w.layer_macs_per_token =
+      b.elements() - elements0 - layer_experts +
+      (cfg.num_experts > 0 ? layer_experts * cfg.num_experts_per_tok / cfg.num_experts : 0);
   const bool tied = cfg.tie_word_embeddings && ckpt.find("lm_head.weight") == nullptr;
   w.lm_head = tied ? w.embed : b.linear("lm_head", V, H);
   w.stored_bytes = b.bytes();

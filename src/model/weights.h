@@ -68,6 +68,9 @@ struct ModelWeights {
   // num_experts_per_tok of num_experts expert matrices per MoE layer.
   int64_t weight_bytes = 0;
   int64_t stored_bytes = 0;  // every bound matrix (without MTP), as stored
+  // Multiply-adds per token through the layers' matrices (num_experts_per_tok of num_experts
+  // routed experts; no embedding and no head, which a prefill runs for its last token only).
+  int64_t layer_macs_per_token = 0;
 };
 
 // Owns backend memory for converted vectors and for weights the backend copied, plus host

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `tokenmill bench` on the bundled demo model (CPU): the printed table has every requested
-# prefill length, decode context and batch size; the JSON report carries the measured device
-# figures, the per-test rates and the peak memory; the chart is a complete SVG document;
+# prefill length (with its TFLOP/s against the matmul probe), decode context and batch size; the
+# JSON report carries the measured device figures, the per-test rates and the peak memory; the chart is a complete SVG document;
 # a missing model directory, a zero batch size, an unknown --prefill-precision and a top-p above 1
 # fail with messages naming them; --temperature/--top-k/--top-p/--presence-penalty sample and the
 # report says so; --profile-ops prints the timed prompts' ops apart from the decode runs'.
@@ -17,7 +17,7 @@ PY=/usr/bin/python3
 "$BIN" bench "$ROOT/models/demo" --device cpu --threads 2 --prompt-lengths 32,64 \
   --contexts 32,128 --batches 1,2 --decode-tokens 4 --json "$TMP/b.json" --chart "$TMP/b.svg" \
   > "$TMP/out.txt" 2> "$TMP/err.txt"
-for line in "prefill 32 " "prefill 64 " "decode @ context 32 " "decode @ context 128 " \
+for line in "prefill 32 " "prefill 64 " "TFLOP/s (" "decode @ context 32 " "decode @ context 128 " \
   "batch 1 " "batch 2 " "peak host memory" "peak backend memory" "measured read bandwidth"; do
   grep -q "$line" "$TMP/out.txt" || { echo "bench output lacks '$line'"; cat "$TMP/out.txt"; exit 1; }
 done
@@ -28,6 +28,10 @@ assert r["read_gbps"] > 0 and r["bf16_matmul_tflops"] > 0, r
 assert r["weight_bytes_per_token"] > 0, r
 assert [p["tokens"] for p in r["prefill"]] == [32, 64], r["prefill"]
 assert all(p["tok_s"] > 0 and p["ttft_s"] > 0 for p in r["prefill"]), r["prefill"]
+# The prefill roofline: FLOP/s from the model's arithmetic, and its share of the matmul probe.
+for p in r["prefill"]:
+    assert p["tflops"] > 0, p
+    assert abs(p["pct_of_matmul"] - 100 * p["tflops"] / r["bf16_matmul_tflops"]) < 1e-6 * p["pct_of_matmul"], p
 assert [d["context"] for d in r["decode"]] == [32, 128], r["decode"]
 assert all(d["tok_s"] > 0 and d["gbps"] > 0 for d in r["decode"]), r["decode"]
 assert [b["seqs"] for b in r["batch"]] == [1, 2], r["batch"]

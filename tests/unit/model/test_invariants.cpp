@@ -162,6 +162,30 @@ TEST(InMemoryCheckpoint, RandomWeightsBindAndRun) {
     EXPECT_EQ(mw.weight_bytes,
               mw.stored_bytes - table + table / mw.embed.rows - expert_bytes + routed)
         << what;
+    // layer_macs_per_token (bench's prefill FLOP count): the architecture's matrices per token,
+    // routed experts only, from the config.
+    const ModelConfig& c = h.model->config();
+    const int64_t H = c.hidden_size;
+    int64_t macs = 0;
+    for (LayerKind kind : c.layer_types) {
+      if (kind == LayerKind::kFullAttention) {
+        const int64_t q = int64_t{c.num_heads} * c.head_dim;
+        macs +=
+            H * (q * (c.attn_output_gate ? 2 : 1) + 2 * int64_t{c.num_kv_heads} * c.head_dim + q);
+      } else {
+        const int64_t v = int64_t{c.linear_num_value_heads} * c.linear_value_head_dim;
+        macs += H * (c.linear_conv_channels() + v + 2 * int64_t{c.linear_num_value_heads} + v);
+      }
+      if (!c.is_moe) {
+        macs += 3 * H * c.intermediate_size;
+        continue;
+      }
+      macs += H * (c.num_experts + int64_t{c.num_experts_per_tok} * 3 * c.moe_intermediate_size);
+      if (c.shared_expert_intermediate_size > 0) {
+        macs += H * (3 * c.shared_expert_intermediate_size + 1);
+      }
+    }
+    EXPECT_EQ(mw.layer_macs_per_token, macs) << what;
     auto ids = random_ids(40, h.vocab(), 11);
     auto whole = h.run({ids}, 0)[0];
     for (float v : whole) ASSERT_TRUE(std::isfinite(v)) << what;
