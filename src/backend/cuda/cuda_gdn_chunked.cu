@@ -201,8 +201,8 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_prepare_kernel(ChunkAr
 }
 
 // The walk's products on the tensor cores: m16n8k8 TF32 tiles with each F32 operand split
-// into a TF32 big part and the TF32-rounded remainder, d += a_s b_b + a_b b_s + a_b b_b (about
-// 2^-22 relative per product, F32 accumulation), so the walk agrees with the CPU's F32 like
+// into a TF32 big part and the remainder (split_tf32), d += a_s b_b + a_b b_s + a_b b_b (about
+// 2^-21 relative per product, F32 accumulation), so the walk agrees with the CPU's F32 like
 // the SIMT form it replaces.
 constexpr int kLdA = kMaxDim + 4;  // rows of W, e^G q and k' (A operands; rows g in distinct banks)
 constexpr int kLdB = kCols + 8;    // rows of S and V' (B operands; rows t, t + 4 in distinct banks)
