@@ -205,8 +205,14 @@ class CudaBackend final : public Backend {
   CUstream_st* stream() const { return stream_; }
 
  private:
-  // Prefill GEMM on tensor cores (cuda_gemm.cu): out[n, rows] = x[n, cols] . m^T.
+  // Prefill GEMM on tensor cores (cuda_gemm.cu): out[n, rows] = x[n, cols] . m^T. In two halves
+  // for matrices that share x (linear_multi): gemm_split writes x's F16 parts (`parts` of the
+  // most any of them takes, gemm_parts) to the workspace once, gemm_split_done multiplies one
+  // matrix by them; anything between the two must leave gemm_x_ and gemm_consts_ alone.
   void gemm(const float* x, int64_t n, const cuda::DevMat& m, float* out);
+  int gemm_parts(const cuda::DevMat& m) const;
+  void gemm_split(const float* x, int64_t n, int64_t K, int parts);
+  void gemm_split_done(int64_t n, const cuda::DevMat& m, int parts, int split_parts, float* out);
   bool gated_q4_linear(const float* x, const float* y, bool sigmoid_gate, int64_t n,
                        const Weight& w, float* out);
   // moe, with x's 4-bit digits already in the GEMV workspace when `prepared` is given

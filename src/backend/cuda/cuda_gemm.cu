@@ -95,21 +95,46 @@ __device__ __forceinline__ int act_exponent(unsigned max_bits) {
 
 // The F16 parts of x * 2^e (x: n rows of K) as rows of parts * K halves, the partners of the
 // weight rows of dequant_f16_kernel: hi = f16(x 2^e), then lo = f16(x 2^e - hi) when parts > 1,
-// then hi again when parts == 3; consts[0] = 2^-e (the GEMM's alpha).
+// then hi again when parts == 3; consts[0] = 2^-e (the GEMM's alpha). Block (bx, by): values
+// [bx * V * blockDim, ...) of rows by, by + gridDim.y, ..., V a thread (4: K a multiple of 4).
+template <int V>
 __global__ void split_f16_kernel(const float* __restrict__ x, int64_t n, int64_t K, int parts,
                                  const unsigned* __restrict__ max_bits, __half* __restrict__ out,
                                  float* __restrict__ consts) {
   const int e = act_exponent(*max_bits);
   const float f = ldexpf(1.0f, e);
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i == 0) consts[0] = ldexpf(1.0f, -e);
-  if (i >= n * K) return;
-  const float s = x[i] * f;
-  const __half h = __float2half_rn(s);
-  __half* const row = out + (i / K) * (K * parts) + i % K;
-  row[0] = h;
-  if (parts > 1) row[K] = __float2half_rn(s - __half2float(h));
-  if (parts > 2) row[2 * K] = h;
+  const int64_t j = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (blockIdx.y == 0 && j == 0) consts[0] = ldexpf(1.0f, -e);
+  if (j >= K) return;
+  for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
+    float v[V];
+    if constexpr (V == 4) {
+      const float4 q = *reinterpret_cast<const float4*>(x + r * K + j);
+      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+      v[0] = x[r * K + j];
+    }
+    __half h[V], l[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float s = v[i] * f;
+      h[i] = __float2half_rn(s);
+      l[i] = __float2half_rn(s - __half2float(h[i]));
+    }
+    __half* const row = out + r * (K * parts) + j;
+    if constexpr (V == 4) {
+      const uint2 hv = make_uint2(pack_half2(h[0], h[1]), pack_half2(h[2], h[3]));
+      *reinterpret_cast<uint2*>(row) = hv;
+      if (parts > 1)
+        *reinterpret_cast<uint2*>(row + K) =
+            make_uint2(pack_half2(l[0], l[1]), pack_half2(l[2], l[3]));
+      if (parts > 2) *reinterpret_cast<uint2*>(row + 2 * K) = hv;
+    } else {
+      row[0] = h[0];
+      if (parts > 1) row[K] = l[0];
+      if (parts > 2) row[2 * K] = h[0];
+    }
+  }
 }
 
 }  // namespace
@@ -151,19 +176,16 @@ size_t CudaBackend::gemm_x_bytes(int64_t n, int64_t cols) const {
   return static_cast<size_t>(n * cols) * parts * sizeof(__half);
 }
 
-// One GEMM over K' = parts * K: out^T [rows, n] = [W_hi W_hi W_lo] [x_hi; x_lo; x_hi] (F16
-// operands, F32 accumulation), so the two or three products of the split sum in one
-// accumulator and one pass over the output.
-void CudaBackend::gemm(const float* x, int64_t n, const cuda::DevMat& m, float* out) {
-  const int64_t K = m.cols;
+int CudaBackend::gemm_parts(const cuda::DevMat& m) const {
   // kFast: the hi parts only (one pass, F16 rounding of both operands). BF16 and F16 weights
   // are exact in F16: hi*hi + hi*lo. Others: hi*hi + hi*lo + lo*hi.
   const bool exact_in_f16 = m.bits == 0 && m.dtype != cuda::kF32;
-  const int parts = prefill_precision_ == PrefillPrecision::kFast ? 1 : exact_in_f16 ? 2 : 3;
-  const int64_t kp = K * parts;
-  grow_workspace(&gemm_x_, &gemm_x_bytes_, static_cast<size_t>(n * kp) * sizeof(__half),
+  return prefill_precision_ == PrefillPrecision::kFast ? 1 : exact_in_f16 ? 2 : 3;
+}
+
+void CudaBackend::gemm_split(const float* x, int64_t n, int64_t K, int parts) {
+  grow_workspace(&gemm_x_, &gemm_x_bytes_, static_cast<size_t>(n * K * parts) * sizeof(__half),
                  "prefill GEMM");
-  auto* xs = static_cast<__half*>(gemm_x_);
   auto* max_bits = reinterpret_cast<unsigned*>(gemm_consts_ + 3);
   TM_CUDA(cudaMemsetAsync(max_bits, 0, sizeof(unsigned), stream_));
   const int threads = 256;
@@ -172,10 +194,35 @@ void CudaBackend::gemm(const float* x, int64_t n, const cuda::DevMat& m, float* 
       static_cast<unsigned>(std::min<int64_t>((elems + threads - 1) / threads, 1024));
   cuda::abs_max_kernel<<<grid_max, threads, 0, stream_>>>(x, elems, max_bits);
   TM_CUDA_LAUNCHED();
-  cuda::split_f16_kernel<<<cuda::blocks_for(elems, threads), threads, 0, stream_>>>(
-      x, n, K, parts, max_bits, xs, gemm_consts_);
+  auto* xs = static_cast<__half*>(gemm_x_);
+  const bool vec = K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const dim3 grid(cuda::blocks_for(vec ? K / 4 : K, threads),
+                  static_cast<unsigned>(std::min<int64_t>(n, 65535)));
+  if (vec) {
+    cuda::split_f16_kernel<4>
+        <<<grid, threads, 0, stream_>>>(x, n, K, parts, max_bits, xs, gemm_consts_);
+  } else {
+    cuda::split_f16_kernel<1>
+        <<<grid, threads, 0, stream_>>>(x, n, K, parts, max_bits, xs, gemm_consts_);
+  }
   TM_CUDA_LAUNCHED();
+}
 
+void CudaBackend::gemm(const float* x, int64_t n, const cuda::DevMat& m, float* out) {
+  const int parts = gemm_parts(m);
+  gemm_split(x, n, m.cols, parts);
+  gemm_split_done(n, m, parts, parts, out);
+}
+
+// One GEMM over K' = parts * K: out^T [rows, n] = [W_hi W_hi W_lo] [x_hi; x_lo; x_hi] (F16
+// operands, F32 accumulation), so the two or three products of the split sum in one
+// accumulator and one pass over the output. The activations were split into split_parts >=
+// parts (a prefix of the parts is the split with fewer).
+void CudaBackend::gemm_split_done(int64_t n, const cuda::DevMat& m, int parts, int split_parts,
+                                  float* out) {
+  const int64_t K = m.cols, kp = K * parts;
+  const int threads = 256;
+  auto* xs = static_cast<__half*>(gemm_x_);
   auto* h = static_cast<cublasHandle_t>(cublas_);
   // Slabs of equal rows (a multiple of 16), as few as the workspace allows: a short last slab
   // is a GEMM of a fraction of a wave.
@@ -185,6 +232,7 @@ void CudaBackend::gemm(const float* x, int64_t n, const cuda::DevMat& m, float* 
   const int64_t slab = ((m.rows + slabs - 1) / slabs + 15) / 16 * 16;
   auto* w = static_cast<__half*>(gemm_w_);
   const int ik = static_cast<int>(kp), in = static_cast<int>(n), ld_out = static_cast<int>(m.rows);
+  const int ldx = static_cast<int>(K * split_parts);
   for (int64_t r0 = 0; r0 < m.rows; r0 += slab) {
     const int64_t rows = std::min(slab, m.rows - r0);
     const int64_t items = rows * ((K + 7) / 8);
@@ -193,7 +241,7 @@ void CudaBackend::gemm(const float* x, int64_t n, const cuda::DevMat& m, float* 
     TM_CUDA_LAUNCHED();
     // Column-major view: out^T [rows, n] (ld m.rows) = W' [K', rows]^T * x' [K', n].
     TM_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), in, ik,
-                           gemm_consts_, w, CUDA_R_16F, ik, xs, CUDA_R_16F, ik, gemm_consts_ + 1,
+                           gemm_consts_, w, CUDA_R_16F, ik, xs, CUDA_R_16F, ldx, gemm_consts_ + 1,
                            out + r0, CUDA_R_32F, ld_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 }

@@ -4,6 +4,8 @@
 // the tensor-core GEMM of cuda_gemm.cu.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemv.h"
@@ -390,9 +392,26 @@ void CudaBackend::linear_multi(const float* x, int64_t n, const Weight* const* w
   // One launch per group of matrices that share a fast kernel, input width, group size and scale
   // type (e.g. a MoE layer's bf16 router and shared gate, and its 4-bit shared gate and up);
   // anything without a fast kernel at this n goes through linear().
+  TM_CUDA_REQUIRE(count <= 16, "linear_multi: at most 16 matrices");
+  if (n > cuda::kQ4GemvMaxRows && n > kGemvMaxRows) {
+    // Prefill: every matrix takes the GEMM (as linear() would), all from one split of x into
+    // the most F16 parts any of them needs.
+    DevMat ms[16];
+    int parts = 1;
+    bool same_width = true;
+    for (int i = 0; i < count; ++i) {
+      ms[i] = cuda::make_devmat(*ws[i], 0);
+      same_width = same_width && ms[i].cols == ms[0].cols;
+      parts = std::max(parts, gemm_parts(ms[i]));
+    }
+    if (same_width) {
+      gemm_split(x, n, ms[0].cols, parts);
+      for (int i = 0; i < count; ++i) gemm_split_done(n, ms[i], gemm_parts(ms[i]), parts, outs[i]);
+      return;
+    }
+  }
   const bool aligned = n <= cuda::kQ4GemvMaxRows && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   bool done[16] = {};
-  TM_CUDA_REQUIRE(count <= 16, "linear_multi: at most 16 matrices");
   for (int i = 0; i < count; ++i) {
     if (done[i]) continue;
     const DevMat mi = cuda::make_devmat(*ws[i], 0);

@@ -166,7 +166,9 @@ TEST_F(CudaLinear, MultiMatchesSeparateLinears) {
     rebind(set);  // the copies into `sets` must point at their own bytes
     std::vector<Weight> dws;
     for (const HostWeight& hw : set) dws.push_back(gpu->upload_weight(hw.w));
-    for (int64_t n : {1, 3, 16, 40}) {
+    // 100 rows: the prefill GEMM, every matrix from one split of x (mixed sets: into the most
+    // parts any of them takes).
+    for (int64_t n : {1, 3, 16, 40, 100}) {
       std::vector<float> x = rng.normals(static_cast<size_t>(n * 256));
       float* dx = up(x);
       std::vector<const Weight*> ws;
