@@ -283,7 +283,7 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--dummy-weights", opt->dummy, "Random weights at the preset's real shapes");
   cmd->add_flag("--profile-ops", opt->profile_ops,
                 "Time every op (synchronizing after each) and print where the time goes, for the "
-                "timed prompts and for the decode runs apart");
+                "timed prompts and for the decode runs apart (the linear ops with their TFLOP/s)");
   cmd->add_flag("--no-graphs", opt->no_graphs,
                 "Launch every op of a decode step (no recorded CUDA graphs), for comparison");
   cmd->add_flag("--no-overlap", opt->no_overlap,

@@ -14,6 +14,15 @@ std::string weight_label(const Weight& w) {
   return fmt::format("{}x{} {}{}", w.rows, w.cols, fmt_name,
                      w.experts ? fmt::format(" x{} experts", w.experts) : "");
 }
+// FLOPs of n rows through one matrix (one expert's when stacked).
+double matrix_flops(int64_t n, const Weight& w) {
+  return 2.0 * static_cast<double>(n) * static_cast<double>(w.rows) * static_cast<double>(w.cols);
+}
+double matrices_flops(int64_t n, const Weight* const* ws, int count) {
+  double f = 0;
+  for (int i = 0; i < count; ++i) f += matrix_flops(n, *ws[i]);
+  return f;
+}
 }  // namespace
 
 std::string ProfilingBackend::report() const {
@@ -22,12 +31,15 @@ std::string ProfilingBackend::report() const {
             [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
   double total = 0;
   for (const auto& r : rows) total += r.second.seconds;
-  std::string out = fmt::format("  {:<44} {:>8} {:>11} {:>10} {:>6}\n", "op (synchronized)",
-                                "calls", "total ms", "us/call", "share");
+  std::string out = fmt::format("  {:<44} {:>8} {:>11} {:>10} {:>6} {:>9}\n", "op (synchronized)",
+                                "calls", "total ms", "us/call", "share", "TFLOP/s");
   for (const auto& [name, t] : rows) {
-    out += fmt::format("  {:<44} {:>8} {:>11.3f} {:>10.2f} {:>5.1f}%\n", name, t.calls,
+    // Four significant digits: a device's hundreds and a small CPU model's tenths alike.
+    const std::string rate =
+        t.flops > 0 && t.seconds > 0 ? fmt::format(" {:>9.4g}", t.flops / t.seconds / 1e12) : "";
+    out += fmt::format("  {:<44} {:>8} {:>11.3f} {:>10.2f} {:>5.1f}%{}\n", name, t.calls,
                        t.seconds * 1e3, t.seconds * 1e6 / static_cast<double>(t.calls),
-                       total > 0 ? 100.0 * t.seconds / total : 0.0);
+                       total > 0 ? 100.0 * t.seconds / total : 0.0, rate);
   }
   out += fmt::format("  {:<44} {:>8} {:>11.3f}\n", "total", "", total * 1e3);
   return out;
@@ -91,7 +103,9 @@ int64_t ProfilingBackend::max_penalty_entries() const {
   return in_.max_penalty_entries();
 }
 void ProfilingBackend::linear(const float* x, int64_t n, const Weight& w, float* out, int expert) {
-  timed("linear " + weight_label(w), n, [&] { in_.linear(x, n, w, out, expert); });
+  timed(
+      "linear " + weight_label(w), n, [&] { in_.linear(x, n, w, out, expert); },
+      matrix_flops(n, w));
 }
 void ProfilingBackend::rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h,
                                             int64_t rows, int dim, float eps,
@@ -99,30 +113,36 @@ void ProfilingBackend::rmsnorm_linear_multi(float* x, const float* y, const floa
                                             int count) {
   std::string label = "rmsnorm_linear_multi";
   for (int i = 0; i < count; ++i) label += " " + weight_label(*ws[i]);
-  timed(label, rows,
-        [&] { in_.rmsnorm_linear_multi(x, y, w, h, rows, dim, eps, ws, outs, count); });
+  timed(
+      label, rows, [&] { in_.rmsnorm_linear_multi(x, y, w, h, rows, dim, eps, ws, outs, count); },
+      matrices_flops(rows, ws, count));
 }
 void ProfilingBackend::rmsnorm_gated_linear(const float* o, const float* z, const float* norm_w,
                                             float* normed, int64_t n, int heads, int dim, float eps,
                                             const Weight& w, float* out) {
-  timed("rmsnorm_gated_linear " + weight_label(w), n,
-        [&] { in_.rmsnorm_gated_linear(o, z, norm_w, normed, n, heads, dim, eps, w, out); });
+  timed(
+      "rmsnorm_gated_linear " + weight_label(w), n,
+      [&] { in_.rmsnorm_gated_linear(o, z, norm_w, normed, n, heads, dim, eps, w, out); },
+      matrix_flops(n, w));
 }
 void ProfilingBackend::sigmoid_mul_linear(float* x, const float* gate, int64_t n, const Weight& w,
                                           float* out) {
-  timed("sigmoid_mul_linear " + weight_label(w), n,
-        [&] { in_.sigmoid_mul_linear(x, gate, n, w, out); });
+  timed(
+      "sigmoid_mul_linear " + weight_label(w), n,
+      [&] { in_.sigmoid_mul_linear(x, gate, n, w, out); }, matrix_flops(n, w));
 }
 void ProfilingBackend::silu_mul_linear(const float* gate, const float* up, int64_t n,
                                        const Weight& w, float* out, float* act) {
-  timed("silu_mul_linear " + weight_label(w), n,
-        [&] { in_.silu_mul_linear(gate, up, n, w, out, act); });
+  timed(
+      "silu_mul_linear " + weight_label(w), n,
+      [&] { in_.silu_mul_linear(gate, up, n, w, out, act); }, matrix_flops(n, w));
 }
 void ProfilingBackend::linear_multi(const float* x, int64_t n, const Weight* const* ws,
                                     float* const* outs, int count) {
   std::string label = "linear_multi";
   for (int i = 0; i < count; ++i) label += (i ? " + " : " ") + weight_label(*ws[i]);
-  timed(label, n, [&] { in_.linear_multi(x, n, ws, outs, count); });
+  timed(
+      label, n, [&] { in_.linear_multi(x, n, ws, outs, count); }, matrices_flops(n, ws, count));
 }
 void ProfilingBackend::rope(float* x, const int32_t* positions, int n_tokens, int heads,
                             int head_dim, int64_t token_stride, int rot_dim, float theta) {

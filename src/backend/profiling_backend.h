@@ -3,7 +3,9 @@
 // Synchronizing after every op removes the overlap a real run has (and adds a few microseconds
 // per op on devices), so the table says where device time goes, not how fast a step is.
 // Rows are split into calls of <= 64 rows ("[small]": decode steps) and larger ("[large]":
-// prefill); element-wise ops, which know no rows, have one row ("[elements]"). Used by
+// prefill); element-wise ops, which know no rows, have one row ("[elements]"). The linear ops'
+// rows also give their rate, 2 x rows x the matrices' multiply-adds per row over their time
+// (TFLOP/s; the same count whatever the format or the passes a backend makes). Used by
 // `tokenmill bench --profile-ops`.
 #pragma once
 
@@ -18,6 +20,7 @@ namespace tokenmill {
 struct OpTime {
   int64_t calls = 0;
   double seconds = 0;
+  double flops = 0;  // the calls' matrix arithmetic (linear ops only; 0 elsewhere)
 };
 
 class ProfilingBackend final : public Backend {
@@ -144,8 +147,8 @@ class ProfilingBackend final : public Backend {
   // `rows` is the op's row count (tokens, or tokens x heads for per-head ops), so decode steps
   // (small) and prefill chunks (large) land in different rows.
   template <class Fn>
-  void timed(const std::string& op, int64_t rows, Fn&& fn) {
-    timed_as(op + (rows <= kSmallRows ? " [small]" : " [large]"), fn);
+  void timed(const std::string& op, int64_t rows, Fn&& fn, double flops = 0) {
+    timed_as(op + (rows <= kSmallRows ? " [small]" : " [large]"), fn, flops);
   }
   // For element-wise ops, which see an element count and no rows: one table row whatever the
   // size.
@@ -154,7 +157,7 @@ class ProfilingBackend final : public Backend {
     timed_as(op + " [elements]", fn);
   }
   template <class Fn>
-  void timed_as(const std::string& row, Fn&& fn) {
+  void timed_as(const std::string& row, Fn&& fn, double flops = 0) {
     in_.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
@@ -162,6 +165,7 @@ class ProfilingBackend final : public Backend {
     OpTime& t = table_[row];
     t.calls++;
     t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t.flops += flops;
   }
 
   static constexpr int64_t kSmallRows = 64;

@@ -80,7 +80,7 @@ fi
 grep -q "top-p" "$TMP/o7.txt" || { echo "error does not name --top-p:"; cat "$TMP/o7.txt"; exit 1; }
 # --profile-ops reports the timed prompts apart from the decode runs: a 100-row prompt's ops are
 # "[large]" in the first table; the decode runs' prompts (16 rows) and the batch sweep's (64)
-# leave none in the second.
+# leave none in the second; the linear ops' rows give their TFLOP/s.
 "$BIN" bench "$ROOT/models/demo" --device cpu --threads 2 --prompt-lengths 100 --contexts 16 \
   --batches 1 --decode-tokens 2 --profile-ops --json "$TMP/f.json" --chart "$TMP/f.svg" \
   > "$TMP/o9.txt" 2>&1 || { echo "bench --profile-ops failed:"; cat "$TMP/o9.txt"; exit 1; }
@@ -94,5 +94,24 @@ first = text.split(head1, 1)[1].split(head2, 1)[0]
 second = text.split(head2, 1)[1]
 assert "[large]" in first and "  total " in first, first
 assert "[small]" in second and "[large]" not in second and "  total " in second, second
+# The linear ops' rows carry their rate: 2 x 100 rows x the label's matrices, per call, over the
+# row's time; the other ops' rows none.
+import re
+row = re.compile(r"^  (\S.*?) \[large\]\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%(?:\s+(\S+))?$")
+linear_rows = 0
+for line in first.splitlines():
+    m = row.match(line)
+    if not m:
+        continue
+    name, calls, ms, rate = m.group(1), int(m.group(2)), float(m.group(3)), m.group(6)
+    if name.split()[0].endswith(("linear", "linear_multi")):
+        assert rate is not None, line
+        macs = sum(int(r) * int(c) for r, c in re.findall(r"(\d+)x(\d+)", name))
+        want = calls * 2 * 100 * macs / (ms * 1e-3) / 1e12
+        assert abs(float(rate) - want) <= 0.01 * want, (line, want)
+        linear_rows += 1
+    else:
+        assert rate is None, line
+assert linear_rows >= 4, first
 PYEOF
 echo "bench: ok"
