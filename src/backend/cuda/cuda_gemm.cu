@@ -142,6 +142,10 @@ __global__ void split_f16_kernel(const float* __restrict__ x, int64_t n, int64_t
 
 namespace tokenmill {
 
+namespace {
+constexpr int kGemmMaxBitsSlot = 2;  // gemm_consts_[2]: the bits of the split's abs max
+}  // namespace
+
 void CudaBackend::init_gemm() {
   cublasHandle_t h = nullptr;
   TM_CUBLAS(cublasCreate(&h));
@@ -150,7 +154,8 @@ void CudaBackend::init_gemm() {
   TM_CUBLAS(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE));
   gemm_consts_ = static_cast<float*>(alloc(256));
   owned_.push_back(gemm_consts_);
-  const float init[4] = {1.0f, 0.0f, 1.0f, 0.0f};  // alpha, beta 0, (unused), max bits
+  // alpha (2^-e, written by the split), beta 0, the activations' largest |x| (kGemmMaxBitsSlot).
+  const float init[3] = {1.0f, 0.0f, 0.0f};
   TM_CUDA(cudaMemcpy(gemm_consts_, init, sizeof init, cudaMemcpyHostToDevice));
   gemm_w_ = alloc(kGemmSlabBytes);
   owned_.push_back(gemm_w_);
@@ -186,7 +191,7 @@ int CudaBackend::gemm_parts(const cuda::DevMat& m) const {
 void CudaBackend::gemm_split(const float* x, int64_t n, int64_t K, int parts) {
   grow_workspace(&gemm_x_, &gemm_x_bytes_, static_cast<size_t>(n * K * parts) * sizeof(__half),
                  "prefill GEMM");
-  auto* max_bits = reinterpret_cast<unsigned*>(gemm_consts_ + 3);
+  auto* max_bits = reinterpret_cast<unsigned*>(gemm_consts_ + kGemmMaxBitsSlot);
   TM_CUDA(cudaMemsetAsync(max_bits, 0, sizeof(unsigned), stream_));
   const int threads = 256;
   const int64_t elems = n * K;
