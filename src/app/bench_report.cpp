@@ -29,8 +29,15 @@ double prefill_tflops(const BenchReport& r, const BenchReport::Prefill& p) {
 void print_report(const BenchReport& r) {
   std::printf("\ntokenmill bench\n  device: %s\n  model:  %s\n  sampling: %s\n", r.device.c_str(),
               r.model.c_str(), r.sampling.c_str());
-  std::printf("  measured read bandwidth %.1f GB/s, bf16 matmul %.3f TFLOP/s, load %.2f s\n",
+  std::printf("  measured read bandwidth %.1f GB/s, bf16 matmul %.3f TFLOP/s, load %.2f s",
               r.read_gbps, r.matmul_tflops, r.load_seconds);
+  if (r.load_bytes > 0 && r.load_mapped) {
+    std::printf(" (%.2f GB of checkpoint files, mapped: read as first used)", r.load_bytes / 1e9);
+  } else if (r.load_bytes > 0) {
+    std::printf(" (%.2f GB of checkpoint files, %.2f GB/s)", r.load_bytes / 1e9,
+                r.load_seconds > 0 ? r.load_bytes / 1e9 / r.load_seconds : 0.0);
+  }
+  std::printf("\n");
   std::printf("  weights read per decoded token: %.3f GB\n\n", r.weight_bytes_per_token / 1e9);
   std::printf("  %-28s %12s %10s %8s\n", "test", "tok/s", "GB/s", "% bw");
   for (const auto& p : r.prefill) {
@@ -66,6 +73,8 @@ void write_report_json(const BenchReport& r, const std::string& path) {
                       {"read_gbps", r.read_gbps},
                       {"bf16_matmul_tflops", r.matmul_tflops},
                       {"load_seconds", r.load_seconds},
+                      {"load_bytes", r.load_bytes},
+                      {"load_mapped", r.load_mapped},
                       {"weight_bytes_per_token", r.weight_bytes_per_token},
                       {"peak_host_bytes", r.peak_host_bytes},
                       {"peak_backend_bytes", r.peak_backend_bytes},

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -32,9 +33,11 @@ namespace tokenmill::app {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
 
 struct BenchOptions {
   std::string dir, preset, quant = "q4g64", json_path = "bench.json", chart_path = "bench.svg";
+  std::string write_checkpoint;  // --write-checkpoint DIR: write the preset there and stop
   bool dummy = false;
   bool no_graphs = false;
   bool no_overlap = false;
@@ -100,7 +103,31 @@ std::vector<int32_t> random_prompt(int n, int64_t vocab, uint64_t seed) {
   return v;
 }
 
+// --write-checkpoint: the preset's dummy weights as a model directory on disk.
+void write_checkpoint_command(const BenchOptions& o) {
+  if (o.preset.empty() || !o.dir.empty()) {
+    fail(
+        "--write-checkpoint DIR needs --preset NAME (and no model directory): it writes the "
+        "preset's model into DIR");
+  }
+  if (fs::exists(fs::path(o.write_checkpoint) / "config.json")) {
+    fail("{}: already holds a model (config.json); give an empty or new directory",
+         o.write_checkpoint);
+  }
+  SyntheticSpec spec = find_preset(o.preset).spec;
+  apply_quant(spec, o.quant);
+  std::fprintf(stderr, "writing %s %s (%.2f GB of weights) to %s ...\n", o.preset.c_str(),
+               o.quant.c_str(), synthetic_weight_bytes(spec) / 1e9, o.write_checkpoint.c_str());
+  const auto t0 = Clock::now();
+  write_random_checkpoint(o.write_checkpoint, spec);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double gb = static_cast<double>(checkpoint_file_bytes(o.write_checkpoint)) / 1e9;
+  std::printf("wrote %s: %.2f GB in %.1f s (%.2f GB/s); `tokenmill bench %s` loads it\n",
+              o.write_checkpoint.c_str(), gb, s, s > 0 ? gb / s : 0.0, o.write_checkpoint.c_str());
+}
+
 void bench_command(BenchOptions o) {
+  if (!o.write_checkpoint.empty()) return write_checkpoint_command(o);
   if (o.dir.empty() == o.preset.empty()) fail("give either a model directory or --preset NAME");
   if (!o.preset.empty() && !o.dummy) {
     fail("--preset needs --dummy-weights (random weights at the preset's real shapes)");
@@ -151,6 +178,9 @@ void bench_command(BenchOptions o) {
   } else {
     rep.model = o.dir;
     model = load_model_weights(o.dir, backend, mo);
+    be.backend->synchronize();
+    rep.load_bytes = checkpoint_file_bytes(o.dir);
+    rep.load_mapped = cpu;  // CpuBackend::upload_weight keeps the mapping's pointers
   }
   rep.load_seconds = std::chrono::duration<double>(Clock::now() - t_load).count();
   rep.weight_bytes_per_token = model->weights().weight_bytes;
@@ -281,6 +311,10 @@ void register_bench(CLI::App& app) {
   cmd->add_option("dir", opt->dir, "Model directory (or use --preset)");
   cmd->add_option("--preset", opt->preset, "qwen3.5-27b, qwen3.5-35b-a3b or cpu-120m");
   cmd->add_flag("--dummy-weights", opt->dummy, "Random weights at the preset's real shapes");
+  cmd->add_option("--write-checkpoint", opt->write_checkpoint,
+                  "Write the preset's dummy weights (the same values) as a model directory "
+                  "(config.json, model.safetensors) and stop; `bench DIR` then measures loading "
+                  "it from disk");
   cmd->add_flag("--profile-ops", opt->profile_ops,
                 "Time every op (synchronizing after each) and print where the time goes, for the "
                 "timed prompts and for the decode runs apart (the linear ops with their TFLOP/s)");

@@ -73,6 +73,17 @@ std::unique_ptr<Model> load_model_weights(const std::string& dir, Backend& backe
   return model;
 }
 
+int64_t checkpoint_file_bytes(const std::string& dir) {
+  int64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.is_regular_file(ec) && e.path().extension() == ".safetensors") {
+      total += static_cast<int64_t>(e.file_size(ec));
+    }
+  }
+  return total;
+}
+
 void check_tokenizer_fits(const Tokenizer& tokenizer, const Model& model, const std::string& dir) {
   const int64_t vocab = model.config().vocab_size;
   if (tokenizer.vocab_size() > vocab) {

@@ -2,6 +2,7 @@
 // and the ids that end a reply.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,9 @@ bool has_model_weights(const std::string& dir);
 // Throws tokenmill::Error naming the file and the key at fault.
 std::unique_ptr<Model> load_model_weights(const std::string& dir, Backend& backend,
                                           const ModelOptions& options = {});
+
+// Bytes of the checkpoint files (*.safetensors) in `dir`; 0 when it has none.
+int64_t checkpoint_file_bytes(const std::string& dir);
 
 // Fails when the tokenizer can produce ids the model has no embedding for.
 void check_tokenizer_fits(const Tokenizer& tokenizer, const Model& model, const std::string& dir);

@@ -234,6 +234,9 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
       fail("{}: cannot write tensor '{}': {} with {} elements needs {} bytes, got {}", path, t.name,
            dtype_name(t.dtype), n / dtype_size(t.dtype), n, t.nbytes);
     }
+    if (t.data == nullptr && t.nbytes > 0 && !t.generate) {
+      fail("{}: cannot write tensor '{}': it has neither data nor a generator", path, t.name);
+    }
     if (t.name == "__metadata__" || !names.insert(t.name).second) {
       fail("{}: cannot write tensor '{}': the name is reserved or used twice", path, t.name);
     }
@@ -263,9 +266,21 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(header.size() >> (8 * i));
   bool ok = std::fwrite(len, 1, 8, f) == 8 &&
             std::fwrite(header.data(), 1, header.size(), f) == header.size();
+  std::vector<uint8_t> piece;  // generated tensors go through it, kPiece bytes at a time
+  constexpr size_t kPiece = size_t{64} << 20;
   for (size_t i = 0; ok && i < order.size(); ++i) {
-    if (order[i]->nbytes == 0) continue;
-    ok = std::fwrite(order[i]->data, 1, order[i]->nbytes, f) == order[i]->nbytes;
+    const TensorToWrite& t = *order[i];
+    if (t.nbytes == 0) continue;
+    if (t.data != nullptr) {
+      ok = std::fwrite(t.data, 1, t.nbytes, f) == t.nbytes;
+      continue;
+    }
+    piece.resize(std::min(kPiece, t.nbytes));
+    for (size_t at = 0; ok && at < t.nbytes; at += kPiece) {
+      const size_t n = std::min(kPiece, t.nbytes - at);
+      t.generate(piece.data(), at, n);
+      ok = std::fwrite(piece.data(), 1, n, f) == n;
+    }
   }
   int err = errno;
   if (std::fclose(f) != 0 && ok) {

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -65,13 +66,17 @@ class SafetensorsFile {
   std::unordered_map<std::string, size_t> index_;
 };
 
-// A tensor to write: `data` points at nbytes = prod(shape) * dtype_size(dtype) bytes (checked).
+// A tensor to write: `data` points at nbytes = prod(shape) * dtype_size(dtype) bytes (checked),
+// or, with `data` null, `generate` writes them piece by piece as the file is written (so a
+// tensor larger than memory can be written): generate(dst, offset, n) fills dst with bytes
+// [offset, offset + n) of the tensor; offset and n are multiples of the element size.
 struct TensorToWrite {
   std::string name;
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
   const void* data = nullptr;
   size_t nbytes = 0;
+  std::function<void(uint8_t* dst, size_t offset, size_t n)> generate;
 };
 
 // Writes a safetensors file readable by the reference implementation: the header is padded with

@@ -13,8 +13,10 @@
 #include "io/checkpoint.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
+#include "model/dummy_fill.h"
 #include "tensor/affine.h"
 #include "tensor/dtype.h"
+#include "tensor/random_fill.h"
 #include "util/error.h"
 
 namespace tokenmill {
@@ -103,21 +105,23 @@ class TensorSink {
     add_bf16(canonical, {n}, v);
   }
 
-  // Shapes and dtypes only (bf16, or U32 codes with bf16 scales and biases).
+  // Shapes and dtypes only (bf16, or U32 codes with bf16 scales and biases), and how
+  // --dummy-weights fills each part (written out by write() as the same values).
   void add_lazy(const std::string& module, std::vector<int64_t> shape, int64_t cols, int bits,
                 int group) {
+    const DummyLinear f = dummy_linear(module, cols, bits);
     auto w = shape;
     if (bits == 0) {
       w.push_back(cols);
-      owned_.push_back({name(module + ".weight"), DType::BF16, w, {}, true});
+      owned_.push_back({name(module + ".weight"), DType::BF16, w, {}, true, f.dense});
       return;
     }
     w.push_back(affine::words_per_row(cols, bits));
-    owned_.push_back({name(module + ".weight"), DType::U32, w, {}, true});
+    owned_.push_back({name(module + ".weight"), DType::U32, w, {}, true, f.codes});
     auto sb = shape;
     sb.push_back(cols / group);
-    owned_.push_back({name(module + ".scales"), DType::BF16, sb, {}, true});
-    owned_.push_back({name(module + ".biases"), DType::BF16, sb, {}, true});
+    owned_.push_back({name(module + ".scales"), DType::BF16, sb, {}, true, f.scales});
+    owned_.push_back({name(module + ".biases"), DType::BF16, sb, {}, true, f.biases});
   }
 
   // Moves the tensors into an in-memory checkpoint (lazy ones without data).
@@ -142,10 +146,35 @@ class TensorSink {
                                  std::move(infos), std::move(bytes));
   }
 
+  // Lazy tensors are generated as the file is written: Backend::fill_random's values
+  // (random_fill.h) for their DummyFill, element i of the tensor from index i.
   void write(const std::string& path) {
     std::vector<TensorToWrite> t;
-    for (const Owned& o : owned_)
-      t.push_back({o.name, o.dtype, o.shape, o.bytes.data(), o.bytes.size()});
+    for (const Owned& o : owned_) {
+      if (!o.lazy) {
+        t.push_back({o.name, o.dtype, o.shape, o.bytes.data(), o.bytes.size(), {}});
+        continue;
+      }
+      int64_t n = 1;
+      for (int64_t d : o.shape) n *= d;
+      const DummyFill f = o.fill;
+      TensorToWrite g{
+          o.name, o.dtype, o.shape, nullptr, static_cast<size_t>(n) * dtype_size(o.dtype), {}};
+      if (o.dtype == DType::U32) {
+        g.generate = [f](uint8_t* dst, size_t off, size_t bytes) {
+          auto* p = reinterpret_cast<uint32_t*>(dst);
+          for (size_t i = 0, i0 = off / 4; i < bytes / 4; ++i)
+            p[i] = static_cast<uint32_t>(random_fill::bits(f.seed, i0 + i));
+        };
+      } else {
+        g.generate = [f](uint8_t* dst, size_t off, size_t bytes) {
+          auto* p = reinterpret_cast<uint16_t*>(dst);
+          for (size_t i = 0, i0 = off / 2; i < bytes / 2; ++i)
+            p[i] = f32_to_bf16(random_fill::uniform(f.seed, i0 + i, f.stddev));
+        };
+      }
+      t.push_back(std::move(g));
+    }
     std::map<std::string, std::string> meta{{"format", mlx_ ? "mlx" : "pt"}};
     write_safetensors(path, t, meta);
   }
@@ -163,6 +192,7 @@ class TensorSink {
     std::vector<int64_t> shape;
     std::vector<uint8_t> bytes;
     bool lazy = false;
+    DummyFill fill;  // lazy tensors: their values
   };
   const SyntheticSpec& spec_;
   bool mlx_;
@@ -305,6 +335,23 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticSpec& spe
   }
   sink.write(dir + "/model.safetensors");
   std::ofstream(dir + "/config.json") << config_json(spec, overrides8).dump(2) << "\n";
+}
+
+void write_random_checkpoint(const std::string& dir, const SyntheticSpec& spec) {
+  if (spec.bits > 0) {
+    affine::check_layout(spec.bits, spec.group, spec.hidden, "random checkpoint");
+  }
+  std::filesystem::create_directories(dir);
+  const bool mlx = spec.bits > 0;
+  TensorSink sink(spec, mlx, /*lazy=*/true);
+  std::vector<std::string> overrides8;
+  fill(sink, spec, &overrides8);
+  sink.write(dir + "/model.safetensors");
+  const std::string config = dir + "/config.json";
+  std::ofstream out(config);
+  out << config_json(spec, overrides8).dump(2) << "\n";
+  out.close();
+  if (!out) fail("{}: cannot write the model's config (is the disk full?)", config);
 }
 
 Checkpoint synthetic_checkpoint_in_memory(const SyntheticSpec& spec, const std::string& label) {

@@ -33,8 +33,14 @@ struct SyntheticSpec {
 // use the MLX name layout (language_model.model.*) and its norm convention (1+w).
 void write_synthetic_checkpoint(const std::string& dir, const SyntheticSpec& spec);
 
-// The same model without files: linear weights (the bulk) have no host data and are filled with
-// seeded random values in backend memory when the model binds them (device-side generation, so
+// Writes the model synthetic_checkpoint_in_memory describes (the values --dummy-weights
+// generates, bit for bit) as config.json and model.safetensors in `dir`: a checkpoint of real
+// size on disk, to measure loading as from a downloaded model. The linear weights are generated
+// as the file is written (64 MB at a time), so its size is bounded by the disk, not by memory.
+void write_random_checkpoint(const std::string& dir, const SyntheticSpec& spec);
+
+// A model of the spec without files: linear weights (the bulk) have no host data and are filled
+// with seeded random values in backend memory when the model binds them (device-side generation, so
 // a 27B-shaped model is ready in seconds). Load it with Model::from_checkpoint.
 Checkpoint synthetic_checkpoint_in_memory(const SyntheticSpec& spec, const std::string& label);
 

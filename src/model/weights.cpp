@@ -28,26 +28,22 @@ Vec WeightStore::upload_vec(const std::vector<float>& host) {
   return v;
 }
 
-Weight WeightStore::random_weight(const Weight& shape, float stddev, uint64_t seed) {
+Weight WeightStore::random_weight(const Weight& shape, const DummyLinear& fills) {
   Weight w = shape;
   const int64_t mats = w.experts > 0 ? w.experts : 1;
-  auto make = [&](DType dt, int64_t n, float sd, uint64_t sub) {
+  auto make = [&](DType dt, int64_t n, const DummyFill& f) {
     void* p = backend_.alloc(static_cast<size_t>(n) * dtype_size(dt));
     owned_.push_back(p);
-    backend_.fill_random(p, dt, n, sd, seed * 4 + sub);
+    backend_.fill_random(p, dt, n, f.stddev, f.seed);
     return p;
   };
   if (w.quantized()) {
-    const int64_t words = mats * w.rows * (w.cols * w.bits / 32);
+    w.data = make(DType::U32, mats * w.rows * (w.cols * w.bits / 32), fills.codes);
     const int64_t groups = mats * w.rows * (w.cols / w.group);
-    const float levels = static_cast<float>((1 << w.bits) - 1);
-    w.data = make(DType::U32, words, 0.0f, 0);
-    // Codes are uniform on [0, levels]: scale and bias deviations chosen so s*q + b has a
-    // deviation near `stddev` (about 0.9x).
-    w.scales = make(w.scale_dtype, groups, stddev / levels * 1.5f, 1);
-    w.biases = make(w.scale_dtype, groups, stddev * 0.5f, 2);
+    w.scales = make(w.scale_dtype, groups, fills.scales);
+    w.biases = make(w.scale_dtype, groups, fills.biases);
   } else {
-    w.data = make(w.dtype, mats * w.rows * w.cols, stddev, 3);
+    w.data = make(w.dtype, mats * w.rows * w.cols, fills.dense);
   }
   // The backend's own arrangement, as for an uploaded weight (the speed measured with dummy
   // weights is the speed of real ones); the generated buffers go when it made new ones.
@@ -75,18 +71,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
                               const std::string& what) {
   fail("{}: tensor '{}': expected shape {} {}, found {} {}", t.file, t.name, shape_str(expected),
        what, shape_str(t.shape), dtype_name(t.dtype));
-}
-
-// Dummy weights: the embedding gets unit deviation (its rows are the residual stream's start),
-// every other matrix 1/sqrt(fan_in), as a freshly initialised model.
-float dummy_stddev(const std::string& module, int64_t cols) {
-  return module == "embed_tokens" ? 1.0f : 1.0f / std::sqrt(static_cast<float>(cols));
-}
-
-uint64_t name_seed(const std::string& s) {  // FNV-1a: stable across runs and platforms
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
 }
 
 // The binder: remembers the checkpoint, config and store, and binds by canonical name.
@@ -153,9 +137,8 @@ class Binder {
       w.data = t.data;
     }
     // In-memory dummy checkpoints leave the data out: fill on the device, at real size.
-    Weight up = t.data != nullptr
-                    ? store_.upload(w)
-                    : store_.random_weight(w, dummy_stddev(module, cols), name_seed(module));
+    Weight up = t.data != nullptr ? store_.upload(w)
+                                  : store_.random_weight(w, dummy_linear(module, cols, w.bits));
     count(w);
     return up;
   }

@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "io/model_config.h"
+#include "model/dummy_fill.h"
 
 namespace tokenmill {
 
@@ -84,10 +85,9 @@ class WeightStore {
 
   Vec upload_vec(const std::vector<float>& host);
   Weight upload(const Weight& host) { return backend_.upload_weight(host); }
-  // A weight of `shape`'s format and sizes (its data pointers ignored) in backend memory, filled
-  // with seeded random values: float data with standard deviation `stddev`; affine data with
-  // random codes and scales/biases that give values of about that deviation.
-  Weight random_weight(const Weight& shape, float stddev, uint64_t seed);
+  // A weight of `shape`'s format and sizes (its data pointers ignored) in backend memory, each
+  // part filled by Backend::fill_random as `fills` says (dummy_fill.h).
+  Weight random_weight(const Weight& shape, const DummyLinear& fills);
   // Host memory that lives as long as the store (for stacked per-expert weights).
   uint8_t* host_buffer(size_t bytes);
 

@@ -4,7 +4,8 @@
 # JSON report carries the measured device figures, the per-test rates and the peak memory; the chart is a complete SVG document;
 # a missing model directory, a zero batch size, an unknown --prefill-precision and a top-p above 1
 # fail with messages naming them; --temperature/--top-k/--top-p/--presence-penalty sample and the
-# report says so; --profile-ops prints the timed prompts' ops apart from the decode runs'.
+# report says so; --profile-ops prints the timed prompts' ops apart from the decode runs';
+# --write-checkpoint writes a preset's model to disk, and `bench DIR` reports its load rate.
 # (Contexts shorter than the batch sweep's 64-token prompts once made the batch sweep overflow
 # the context window.)
 set -euo pipefail
@@ -114,4 +115,26 @@ for line in first.splitlines():
         assert rate is None, line
 assert linear_rows >= 4, first
 PYEOF
+# --write-checkpoint: the preset's dummy weights as a model directory; `bench DIR` loads it and
+# reports the checkpoint's bytes (on the CPU mapped, not read: no rate); a directory holding a model is refused, as
+# is the option without --preset.
+"$BIN" bench --preset cpu-120m --quant q4g64 --write-checkpoint "$TMP/m" > "$TMP/w.txt" 2>&1 \
+  || { echo "bench --write-checkpoint failed:"; cat "$TMP/w.txt"; exit 1; }
+grep -q "wrote $TMP/m: " "$TMP/w.txt" || { echo "no 'wrote' line:"; cat "$TMP/w.txt"; exit 1; }
+"$BIN" bench "$TMP/m" --device cpu --threads 2 --prompt-lengths 16 --contexts 16 --batches 1 \
+  --decode-tokens 2 --json "$TMP/m.json" --chart "$TMP/m.svg" > "$TMP/o10.txt" 2>&1 \
+  || { echo "bench of the written checkpoint failed:"; cat "$TMP/o10.txt"; exit 1; }
+grep -q "GB of checkpoint files, mapped: read as first used" "$TMP/o10.txt" || { echo "no load line:"; cat "$TMP/o10.txt"; exit 1; }
+"$PY" -c 'import json,os,sys; r=json.load(open(sys.argv[1])); n=os.path.getsize(sys.argv[2]); assert r["load_bytes"] == n, (r["load_bytes"], n); assert r["load_mapped"] is True, r; assert r["decode"][0]["tok_s"] > 0, r' \
+  "$TMP/m.json" "$TMP/m/model.safetensors"
+"$PY" -c 'import glob,json,os,sys; r=json.load(open(sys.argv[1])); n=sum(map(os.path.getsize, glob.glob(sys.argv[2] + "/*.safetensors"))); assert r["load_bytes"] == n > 0, (r["load_bytes"], n)' \
+  "$TMP/b.json" "$ROOT/models/demo"
+if "$BIN" bench --preset cpu-120m --write-checkpoint "$TMP/m" > "$TMP/o11.txt" 2>&1; then
+  echo "bench --write-checkpoint over a model succeeded"; exit 1
+fi
+grep -q "already holds a model" "$TMP/o11.txt" || { echo "no refusal:"; cat "$TMP/o11.txt"; exit 1; }
+if "$BIN" bench "$TMP/m" --write-checkpoint "$TMP/m2" > "$TMP/o12.txt" 2>&1; then
+  echo "bench --write-checkpoint without --preset succeeded"; exit 1
+fi
+grep -q -- "--write-checkpoint DIR needs --preset" "$TMP/o12.txt" || { echo "no message:"; cat "$TMP/o12.txt"; exit 1; }
 echo "bench: ok"

@@ -79,6 +79,37 @@ TEST(Safetensors, WriterRoundTripsNamesDtypesShapesBytesAndMetadata) {
   EXPECT_EQ(j["__metadata__"]["format"], "pt");
 }
 
+TEST(Safetensors, WriterGeneratesTensorsPieceByPiece) {
+  // A generated tensor larger than the writer's 64 MB piece: every piece is asked for in order,
+  // at element boundaries, and lands where its offset says.
+  TempDir tmp;
+  constexpr size_t kWords = size_t{20} << 20;  // 80 MB
+  std::vector<std::pair<size_t, size_t>> calls;
+  TensorToWrite g{"gen", DType::U32, {static_cast<int64_t>(kWords)}, nullptr, kWords * 4, {}};
+  g.generate = [&](uint8_t* dst, size_t off, size_t n) {
+    calls.emplace_back(off, n);
+    auto* w = reinterpret_cast<uint32_t*>(dst);
+    for (size_t i = 0; i < n / 4; ++i) w[i] = static_cast<uint32_t>(off / 4 + i) ^ 0x5bd1e995u;
+  };
+  const uint16_t small[2] = {9, 10};
+  const std::string path = tmp.file("g.safetensors");
+  write_safetensors(path, {g, {"small", DType::BF16, {2}, small, 4, {}}});
+  ASSERT_GE(calls.size(), 2u);
+  size_t next = 0;
+  for (const auto& [off, n] : calls) {
+    EXPECT_EQ(off, next);
+    EXPECT_EQ(n % 4, 0u);
+    next = off + n;
+  }
+  EXPECT_EQ(next, kWords * 4);
+  SafetensorsFile f = SafetensorsFile::open(path);
+  const auto* w = reinterpret_cast<const uint32_t*>(f.find("gen")->data);
+  size_t wrong = 0;
+  for (size_t i = 0; i < kWords; ++i) wrong += w[i] != (static_cast<uint32_t>(i) ^ 0x5bd1e995u);
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_EQ(std::memcmp(f.find("small")->data, small, 4), 0);
+}
+
 TEST(Safetensors, ParsesAHandWrittenFile) {
   // As the reference writes it: offsets relative to the buffer, zero-size and rank-0 allowed.
   std::string h = R"({"w":{"dtype":"F16","shape":[2],"data_offsets":[0,4]},)"
@@ -200,6 +231,11 @@ TEST(SafetensorsErrors, WriterRejectsWrongSizes) {
         write_safetensors(tmp.file("w.safetensors"), {{"x", DType::F32, {2}, &x, 4}});
       },
       {"w.safetensors", "tensor 'x'", "needs 8 bytes, got 4"});
+  expect_error(
+      [&] {
+        write_safetensors(tmp.file("n.safetensors"), {{"y", DType::F32, {2}, nullptr, 8, {}}});
+      },
+      {"n.safetensors", "tensor 'y'", "neither data nor a generator"});
 }
 
 }  // namespace
