@@ -226,6 +226,10 @@ class Backend {
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // backend to backend
   virtual void synchronize() = 0;
+  // Whether an op can still be running when its call returns (queued on a device). Only then
+  // does the engine launch a step behind the one still running (EngineOptions::overlap_steps):
+  // where each op runs before its call returns, that would only hold each token back a step.
+  virtual bool runs_asynchronously() const { return false; }
   // Fills n elements of `dtype` at dst with seeded pseudo-random values: U32 gets uniformly random
   // bits (any packed affine data), float types get a uniform distribution of standard deviation
   // `stddev` around zero. Deterministic for a given seed. Used for dummy weights at real shapes.

@@ -55,6 +55,7 @@ class ProfilingBackend final : public Backend {
   void fill_zero(void* dst, size_t bytes) override { in_.fill_zero(dst, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { in_.copy(dst, src, bytes); }
   void synchronize() override { in_.synchronize(); }
+  bool runs_asynchronously() const override { return in_.runs_asynchronously(); }
   Weight upload_weight(const Weight& host) override { return in_.upload_weight(host); }
   Weight pack_weight(const Weight& w) override { return in_.pack_weight(w); }
   void fill_random(void* dst, DType dtype, int64_t n, float stddev, uint64_t seed) override {

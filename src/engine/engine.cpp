@@ -75,7 +75,11 @@ struct Engine::Impl {
   std::vector<std::vector<float>> pool_work;
   std::thread thread;
 
-  Impl(Model& m, const EngineOptions& o) : model(m), opt(o) {}
+  Impl(Model& m, const EngineOptions& o) : model(m), opt(o) {
+    // A backend that runs each op as it is called has finished a step when its launch returns.
+    opt.overlap_steps =
+        o.overlap_steps && (m.backend().runs_asynchronously() || o.overlap_on_synchronous_backend);
+  }
   ~Impl() { unlock_logits(); }
   // Sizes `logits` for a step of `floats` logits, page-locked when they fit.
   void prepare_logits(size_t floats);

@@ -36,7 +36,12 @@ struct EngineOptions {
   // runs, its tokens taken from the device, when nothing the last step returns could change it
   // (no admission, no length limit reached, no host-side choice of the token). A stop token
   // then costs one discarded row. Off: every step waits for its results first (for comparison).
+  // Only on backends whose ops run asynchronously (Backend::runs_asynchronously): on the CPU a
+  // step is done when its launch returns, and overlapping would hold each token back a step.
   bool overlap_steps = true;
+  // Tests: overlap there too (it only delays tokens), to check the overlap's bookkeeping
+  // without a GPU.
+  bool overlap_on_synchronous_backend = false;
 };
 
 struct EngineStats {

@@ -113,6 +113,7 @@ class CudaBackend final : public Backend {
   Weight upload_weight(const Weight& host) override;
   Weight pack_weight(const Weight& w) override;
   bool can_record() const override { return true; }
+  bool runs_asynchronously() const override { return true; }
   void begin_recording() override;
   int64_t end_recording(bool keep) override;
   void replay(int64_t id) override;

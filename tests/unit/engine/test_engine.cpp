@@ -163,6 +163,7 @@ TEST_F(EngineTest, SampledPicksOnBackendEqualHostSampling) {
     EngineOptions o;
     o.max_seqs = 7;
     o.memory_budget_bytes = 64 << 20;
+    o.overlap_on_synchronous_backend = true;  // the CPU backend: overlap is off by default
     Engine e(*h.model, o);
     std::vector<std::shared_ptr<RequestStream>> streams;
     for (GenerationRequest r : reqs) {
@@ -318,6 +319,22 @@ TEST_F(EngineTest, StepsAllocateNothing) {
   EXPECT_EQ(h.backend->peak_allocated_bytes(), peak);
 }
 
+// On the CPU backend a step is computed when it is launched: overlapping the next one would only
+// hold each token back a step (the first until the second is computed), so the engine does not,
+// whatever overlap_steps says (each token then reaches its stream before the next step runs).
+TEST_F(EngineTest, StepsDoNotOverlapWhereOpsRunAsCalled) {
+  Harness h(*dir_);
+  ASSERT_FALSE(h.backend->runs_asynchronously());
+  EngineOptions o;
+  o.memory_budget_bytes = 64 << 20;
+  ASSERT_TRUE(o.overlap_steps);
+  Engine e(*h.model, o);
+  Collected c = collect(*e.submit(greedy(random_ids(9, h.vocab(), 3), 6)));
+  EXPECT_EQ(c.tokens.size(), 6u);
+  EXPECT_GE(e.stats().steps, 6u);
+  EXPECT_EQ(e.stats().steps_overlapped, 0u);
+}
+
 // Overlapped steps (EngineOptions::overlap_steps): the next decode step is launched before the
 // last one's ids are read, its tokens taken from them on the device. Stop tokens (the
 // overlapped row is discarded), length limits, a forced end of reasoning, a sampled request
@@ -371,6 +388,7 @@ TEST_F(EngineTest, OverlappedStepsEqualWaitingSteps) {
         o.kv_blocks = blocks;
         o.memory_budget_bytes = 64 << 20;
         o.overlap_steps = overlap;
+        o.overlap_on_synchronous_backend = true;
         Engine e(*h.model, o);
         std::vector<GenerationRequest> rs = requests(set);
         std::vector<std::shared_ptr<RequestStream>> streams;
