@@ -205,9 +205,9 @@ void run_server(const ServeOptions& o) {
   }
   const server::CacheBudget budget = server::cache_budget_for(
       settings.cache, be.backend->free_memory_bytes(), static_cast<int>(settings.models.size()));
+  const bool cpu = is_cpu_backend(*be.backend);
   log::info("cache memory per model: {} MiB{}", budget.bytes >> 20,
-            budget.automatic ? (is_cpu_backend(*be.backend)
-                                    ? " (auto: the CPU default)"
+            budget.automatic ? (cpu ? " of KV blocks (auto: the CPU default) and the state slots"
                                     : " (auto: 90% of the free device memory, less 3 GiB, "
                                       "split between the models)")
                              : "");
@@ -215,7 +215,13 @@ void run_server(const ServeOptions& o) {
     const server::ModelSettings& ms = settings.models[i];
     ServingModel& lm = loaded[i];
     EngineOptions eo = engine_options[i];
-    eo.memory_budget_bytes = budget.bytes;
+    eo.memory_budget_bytes = server::engine_cache_bytes(budget, cpu, eo.max_seqs,
+                                                        lm.model->geometry().state_bytes_per_seq());
+    if (eo.memory_budget_bytes != budget.bytes) {
+      log::info("{}: cache memory {} MiB ({} state slots of {} MiB on top of the KV blocks)",
+                ms.name, eo.memory_budget_bytes >> 20, eo.max_seqs,
+                lm.model->geometry().state_bytes_per_seq() >> 20);
+    }
     // The pool runs one job at a time: with one model, its engine thread samples the rows of a
     // step on it between forwards; several engines would call it at once.
     if (settings.models.size() == 1) eo.host_pool = be.pool.get();

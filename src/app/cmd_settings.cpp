@@ -40,10 +40,11 @@ void register_settings(CLI::App& app) {
     std::printf("  listen %s:%d, auth %s, max %d sequences, cache %s\n", s.server.host.c_str(),
                 s.server.port, s.auth.api_key.empty() ? "off" : "on", s.limits.max_seqs,
                 cpu_cache.automatic
-                    ? fmt::format("{} MiB per model (CPU); on a GPU 90% of the free device "
+                    ? fmt::format("{} MiB of KV blocks per model and the state of {} "
+                                  "sequences (CPU); on a GPU 90% of the free device "
                                   "memory after the weights, less 3 GiB, split between the models "
                                   "(left out: sized for the device)",
-                                  cpu_cache.bytes >> 20)
+                                  cpu_cache.bytes >> 20, s.limits.max_seqs)
                           .c_str()
                     : fmt::format("{} MiB per model", cpu_cache.bytes >> 20).c_str());
     const server::StepLimits cpu = server::step_limits_for(s.limits, false);

@@ -418,4 +418,9 @@ CacheBudget cache_budget_for(const CacheSection& cache, int64_t device_free_byte
   return b;
 }
 
+int64_t engine_cache_bytes(const CacheBudget& budget, bool cpu, int max_seqs,
+                           int64_t state_bytes_per_seq) {
+  return budget.bytes + (budget.automatic && cpu ? int64_t{max_seqs} * state_bytes_per_seq : 0);
+}
+
 }  // namespace tokenmill::server

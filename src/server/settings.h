@@ -102,18 +102,24 @@ struct CacheSection {
 };
 
 // The cache memory each model's engine gets (KV blocks + state slots), in bytes. Set: that.
-// Left out: 2048 MiB on the CPU (device_free_bytes < 0: host memory, shared with everything
-// else); on a GPU, 90% of the device memory free once every model's weights are loaded (and its
-// largest step's scratch reserved), less kGpuScratchReserve for what is not reserved up front
-// (recorded decode steps, library and driver allocations), split evenly between the models
-// that left it out, and at least 512 MiB. Why: a fixed 2 GiB cannot hold the recurrent state of 16
-// sequences of a 27B model (about 150 MB each), so a default GPU server would not start.
+// Left out: on the CPU (device_free_bytes < 0: host memory, shared with everything else) 2048
+// MiB of KV blocks, to which engine_cache_bytes adds each model's state slots; on a GPU, 90% of the
+// device memory free once every model's weights are loaded (and its largest step's scratch
+// reserved), less kGpuScratchReserve for what is not reserved up front (recorded decode steps,
+// library and driver allocations), split evenly between the models that left it out, and at least
+// 512 MiB. Why: a fixed 2 GiB cannot hold the recurrent state of 16 sequences of a 27B model (about
+// 150 MB each), so a default GPU server would not start.
 inline constexpr int64_t kGpuScratchReserve = int64_t{3} << 30;
 struct CacheBudget {
   int64_t bytes = 0;
   bool automatic = false;
 };
 CacheBudget cache_budget_for(const CacheSection& cache, int64_t device_free_bytes, int auto_models);
+// One model's engine budget: `budget`, plus, for an automatic budget on the CPU, the recurrent
+// state of max_seqs sequences (state_bytes_per_seq each): a 27B model's 16 slots take 2.4 GB,
+// more than the whole 2 GiB default, so a default CPU server would not start.
+int64_t engine_cache_bytes(const CacheBudget& budget, bool cpu, int max_seqs,
+                           int64_t state_bytes_per_seq);
 
 struct Settings {
   ServerSection server;

@@ -96,7 +96,8 @@ TEST(Settings, FullFileParses) {
   EXPECT_EQ(s.find_model("zzz"), nullptr);
 }
 
-// A cache budget left out is sized for the device: 2048 MiB on the CPU, on a GPU 90% of the
+// A cache budget left out is sized for the device: on the CPU 2048 MiB of KV blocks plus the
+// state slots, on a GPU 90% of the
 // free memory less the scratch reserve, split between the models, never below 512 MiB; a given
 // budget is used as is.
 TEST(Settings, CacheBudgetFollowsTheDeviceWhenLeftOut) {
@@ -118,6 +119,14 @@ TEST(Settings, CacheBudgetFollowsTheDeviceWhenLeftOut) {
     EXPECT_FALSE(g.automatic);
     EXPECT_EQ(g.bytes, 4096 * MiB);
   }
+  // An engine's budget: on the CPU the automatic 2 GiB are KV blocks, and the state slots of
+  // max_seqs sequences come on top (16 of a 27B model's 150 MB: more than the 2 GiB alone);
+  // a GPU's or a given budget covers both.
+  constexpr int64_t kState27B = 156893184;
+  EXPECT_EQ(engine_cache_bytes(cpu, true, 16, kState27B), 2048 * MiB + 16 * kState27B);
+  EXPECT_EQ(engine_cache_bytes(one, false, 16, kState27B), one.bytes);
+  EXPECT_EQ(engine_cache_bytes(cache_budget_for(given.cache, -1, 1), true, 16, kState27B),
+            4096 * MiB);
 }
 
 // Step sizes left out are sized for the device; given ones are kept, and a value given alone
