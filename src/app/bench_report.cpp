@@ -31,9 +31,7 @@ void print_report(const BenchReport& r) {
               r.model.c_str(), r.sampling.c_str());
   std::printf("  measured read bandwidth %.1f GB/s, bf16 matmul %.3f TFLOP/s, load %.2f s",
               r.read_gbps, r.matmul_tflops, r.load_seconds);
-  if (r.load_bytes > 0 && r.load_mapped) {
-    std::printf(" (%.2f GB of checkpoint files, mapped: read as first used)", r.load_bytes / 1e9);
-  } else if (r.load_bytes > 0) {
+  if (r.load_bytes > 0) {
     std::printf(" (%.2f GB of checkpoint files, %.2f GB/s)", r.load_bytes / 1e9,
                 r.load_seconds > 0 ? r.load_bytes / 1e9 / r.load_seconds : 0.0);
   }
@@ -74,7 +72,6 @@ void write_report_json(const BenchReport& r, const std::string& path) {
                       {"bf16_matmul_tflops", r.matmul_tflops},
                       {"load_seconds", r.load_seconds},
                       {"load_bytes", r.load_bytes},
-                      {"load_mapped", r.load_mapped},
                       {"weight_bytes_per_token", r.weight_bytes_per_token},
                       {"peak_host_bytes", r.peak_host_bytes},
                       {"peak_backend_bytes", r.peak_backend_bytes},

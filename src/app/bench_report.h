@@ -10,8 +10,7 @@ namespace tokenmill::app {
 struct BenchReport {
   std::string device, model;
   double read_gbps = 0, matmul_tflops = 0, load_seconds = 0;
-  int64_t load_bytes = 0;    // checkpoint files read by the load (0: dummy weights, generated)
-  bool load_mapped = false;  // the backend computes from the files' mapping: read on first use
+  int64_t load_bytes = 0;  // checkpoint files read by the load (0: dummy weights, generated)
   int64_t weight_bytes_per_token = 0;
   // A prefill's arithmetic: multiply-adds per token through the layers' matrices, and the
   // attention layers' width (query heads x head_dim) and count, for the causal products.

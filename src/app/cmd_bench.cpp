@@ -180,7 +180,6 @@ void bench_command(BenchOptions o) {
     model = load_model_weights(o.dir, backend, mo);
     be.backend->synchronize();
     rep.load_bytes = checkpoint_file_bytes(o.dir);
-    rep.load_mapped = cpu;  // CpuBackend::upload_weight keeps the mapping's pointers
   }
   rep.load_seconds = std::chrono::duration<double>(Clock::now() - t_load).count();
   rep.weight_bytes_per_token = model->weights().weight_bytes;

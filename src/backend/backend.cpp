@@ -18,6 +18,19 @@ void release_replaced(Backend& backend, const Weight& before, const Weight& afte
   }
 }
 
+size_t Weight::data_bytes() const {
+  const size_t mats = static_cast<size_t>(experts ? experts : 1);
+  if (!quantized()) return static_cast<size_t>(rows * cols) * dtype_size(dtype) * mats;
+  return static_cast<size_t>(rows) * static_cast<size_t>(cols * bits / 32) * 4 * mats;
+}
+
+size_t Weight::scale_bytes() const {
+  if (!quantized()) return 0;
+  const size_t mats = static_cast<size_t>(experts ? experts : 1);
+  return static_cast<size_t>(rows) * static_cast<size_t>(cols / group) * dtype_size(scale_dtype) *
+         mats;
+}
+
 size_t Weight::bytes_per_matrix() const {
   if (!quantized()) return static_cast<size_t>(rows * cols) * dtype_size(dtype);
   size_t packed = static_cast<size_t>(rows) * static_cast<size_t>(cols * bits / 32) * 4;

@@ -44,6 +44,9 @@ struct Weight {
   int packing = 0;
 
   bool quantized() const { return bits > 0; }
+  // Bytes of `data` and of `scales` (as many as `biases`) over all matrices, in the layout above.
+  size_t data_bytes() const;
+  size_t scale_bytes() const;  // 0 for float weights
   // Bytes of one expert's (or the whole plain matrix's) data, scales and biases.
   size_t bytes_per_matrix() const;
   size_t total_bytes() const {

@@ -252,6 +252,12 @@ Checkpoint Checkpoint::in_memory(const std::string& label, ModelConfig config, L
   return c;
 }
 
+void Checkpoint::release(const TensorInfo& t) const {
+  for (const SafetensorsFile& f : files_) {
+    if (f.mapping().contains(t.data)) return f.mapping().release(t.data, t.nbytes);
+  }
+}
+
 const TensorInfo* Checkpoint::find(const std::string& canonical) const {
   auto it = by_canonical_.find(canonical);
   return it == by_canonical_.end() ? nullptr : &tensors_[it->second];

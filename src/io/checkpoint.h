@@ -81,6 +81,11 @@ class Checkpoint {
   void mark_used(const std::string& canonical);
   std::vector<std::string> unused_tensors() const;
 
+  // Drops the resident pages of t's bytes from the files' mappings (util/mmap.h: read again from
+  // the file if touched): for a loader that has copied t into a backend's memory. Nothing for
+  // in-memory tensors.
+  void release(const TensorInfo& t) const;
+
   // Every text-model and MTP tensor (vision tensors excluded), in file then offset order.
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const std::vector<std::string>& shard_paths() const { return shard_paths_; }

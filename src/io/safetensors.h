@@ -59,6 +59,7 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
   const SafetensorsTensor* find(const std::string& name) const;  // nullptr when absent
   size_t file_size() const { return file_.size(); }
+  const MappedFile& mapping() const { return file_; }
 
  private:
   MappedFile file_;

@@ -139,6 +139,12 @@ class Binder {
     // In-memory dummy checkpoints leave the data out: fill on the device, at real size.
     Weight up = t.data != nullptr ? store_.upload(w)
                                   : store_.random_weight(w, dummy_linear(module, cols, w.bits));
+    // The backend has its copy: the mapping's pages of it can go.
+    ckpt_.release(t);
+    if (w.quantized()) {
+      ckpt_.release(ckpt_.get(module + ".scales"));
+      ckpt_.release(ckpt_.get(module + ".biases"));
+    }
     count(w);
     return up;
   }

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -52,6 +53,16 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
     size_ = std::exchange(o.size_, 0);
   }
   return *this;
+}
+
+void MappedFile::release(const void* p, size_t n) const {
+  if (!contains(p) || n == 0) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t end = std::min(begin + n, reinterpret_cast<uintptr_t>(data_) + size_);
+  const uintptr_t lo = (begin + page - 1) / page * page, hi = end / page * page;
+  // A read-only private file mapping: dropped pages come back from the file, unchanged.
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
 void MappedFile::reset() {

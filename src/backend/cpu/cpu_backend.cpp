@@ -1,6 +1,7 @@
 // CpuBackend: construction, host memory, scratch buffers, and the factory.
 #include "backend/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -22,7 +23,9 @@ CpuBackend::CpuBackend(ThreadPool& pool, CpuBackendOptions options)
       memory_(std::make_unique<cpu::HostMemory>()),
       thread_scratch_(static_cast<size_t>(pool.size())) {}
 
-CpuBackend::~CpuBackend() = default;
+CpuBackend::~CpuBackend() {
+  for (void* p : weights_) free(p);
+}
 
 std::string CpuBackend::name() const {
   return std::string("cpu (") + isa() + ")";
@@ -67,8 +70,32 @@ void CpuBackend::copy(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memmove(dst, src, bytes);
 }
 
+// Weights are copied out of the loader's mapping into backend memory, in 2 MB pages where the
+// system grants them (cpu_memory.h). Streamed from a file mapping's 4 KB pages, a decode step
+// takes a TLB miss and a restarted prefetch stream every 4 KB: the 27B 4-bit decode ran at 1.05
+// tok/s from the mapping against 1.69-1.81 from huge pages (the same weights, the 2-core VM).
+// The copies live as long as the backend.
 Weight CpuBackend::upload_weight(const Weight& host) {
-  return host;
+  Weight w = host;
+  const auto put = [&](const void* src, size_t bytes) -> const void* {
+    if (src == nullptr || bytes == 0) return src;
+    auto* dst = static_cast<uint8_t*>(alloc(bytes));
+    weights_.push_back(dst);
+    const auto* from = static_cast<const uint8_t*>(src);
+    constexpr size_t kPiece = size_t{4} << 20;  // the pool's threads copy (and fault) in parallel
+    pool_.run(static_cast<int64_t>((bytes + kPiece - 1) / kPiece), [&](int64_t b, int64_t e, int) {
+      const size_t lo = static_cast<size_t>(b) * kPiece;
+      const size_t hi = std::min(bytes, static_cast<size_t>(e) * kPiece);
+      std::memcpy(dst + lo, from + lo, hi - lo);
+    });
+    return dst;
+  };
+  w.data = put(host.data, host.data_bytes());
+  if (host.quantized()) {
+    w.scales = put(host.scales, host.scale_bytes());
+    w.biases = put(host.biases, host.scale_bytes());
+  }
+  return w;
 }
 
 void CpuBackend::reserve_thread_scratch(size_t floats) {

@@ -1,7 +1,7 @@
 // The CPU backend: the reference implementation of every Backend op (backend/backend.h).
 // Threaded over a caller-owned ThreadPool, F32 accumulation, quantized weights dequantized on
-// the fly inside the matmul (never a full-precision copy of a weight). Weights stay where the
-// loader mapped them: upload_weight returns the host pointers unchanged.
+// the fly inside the matmul (never a full-precision copy of a weight). upload_weight copies a
+// checkpoint's weights out of the loader's mapping into huge pages (cpu_memory.h).
 //
 // Ops are split by topic: cpu_backend.cpp (memory, scratch), cpu_elementwise.cpp,
 // cpu_linear*.cpp (GEMV for <= 8 rows, cache-blocked GEMM above), cpu_attention.cpp,
@@ -132,6 +132,7 @@ class CpuBackend final : public Backend {
   std::vector<int64_t> moe_offsets_;  // [experts + 1] first sorted row of each expert
   std::vector<int64_t> moe_fill_;
   std::vector<cpu::LinearTask> tasks_;
+  std::vector<void*> weights_;  // upload_weight's copies, freed with the backend
 };
 
 }  // namespace tokenmill
