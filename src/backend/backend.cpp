@@ -32,10 +32,7 @@ size_t Weight::scale_bytes() const {
 }
 
 size_t Weight::bytes_per_matrix() const {
-  if (!quantized()) return static_cast<size_t>(rows * cols) * dtype_size(dtype);
-  size_t packed = static_cast<size_t>(rows) * static_cast<size_t>(cols * bits / 32) * 4;
-  size_t groups = static_cast<size_t>(rows) * static_cast<size_t>(cols / group);
-  return packed + 2 * groups * dtype_size(scale_dtype);
+  return (data_bytes() + 2 * scale_bytes()) / static_cast<size_t>(experts ? experts : 1);
 }
 
 void Backend::pick_tokens(const float* x, int64_t rows, int64_t cols, const TokenPick* picks,

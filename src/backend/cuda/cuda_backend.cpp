@@ -270,16 +270,7 @@ void CudaBackend::synchronize() {
 
 Weight CudaBackend::upload_weight(const Weight& host) {
   Weight d = host;
-  const size_t mats = static_cast<size_t>(host.experts ? host.experts : 1);
-  size_t data_bytes = 0, sb_bytes = 0;
-  if (host.quantized()) {
-    data_bytes =
-        static_cast<size_t>(host.rows) * static_cast<size_t>(host.cols * host.bits / 32) * 4 * mats;
-    sb_bytes = static_cast<size_t>(host.rows) * static_cast<size_t>(host.cols / host.group) *
-               dtype_size(host.scale_dtype) * mats;
-  } else {
-    data_bytes = static_cast<size_t>(host.rows * host.cols) * dtype_size(host.dtype) * mats;
-  }
+  const size_t data_bytes = host.data_bytes(), sb_bytes = host.scale_bytes();
   auto put = [&](const void* src, size_t bytes) -> const void* {
     if (src == nullptr || bytes == 0) return nullptr;
     void* p = alloc(bytes);
