@@ -210,9 +210,14 @@ class CudaBackend final : public Backend {
   // for matrices that share x (linear_multi): gemm_split writes x's F16 parts (`parts` of the
   // most any of them takes, gemm_parts) to the workspace once, gemm_split_done multiplies one
   // matrix by them; anything between the two must leave gemm_x_ and gemm_consts_ alone.
+  // gemm_abs_max (op 1: out = silu(x) * y, op 2: x *= sigmoid(y), then) finds the scale
+  // gemm_split uses, so a gate before a GEMM needs no pass of its own (max_done: already found).
   void gemm(const float* x, int64_t n, const cuda::DevMat& m, float* out);
   int gemm_parts(const cuda::DevMat& m) const;
-  void gemm_split(const float* x, int64_t n, int64_t K, int parts);
+  void gemm_abs_max(int op, float* x, const float* y, float* out, int64_t elems);
+  void gemm_split(const float* x, int64_t n, int64_t K, int parts, bool max_done = false);
+  // Whether linear() takes the prefill GEMM at n rows.
+  bool gemm_rows(int64_t n) const;
   void gemm_split_done(int64_t n, const cuda::DevMat& m, int parts, int split_parts, float* out);
   bool gated_q4_linear(const float* x, const float* y, bool sigmoid_gate, int64_t n,
                        const Weight& w, float* out);

@@ -512,8 +512,9 @@ TEST_F(CudaGdn, DeltaRuleChunkedMatchesCpu) {
   }
 }
 
-// gdn_front: fused on CUDA for decode and verify steps (kernel 4, <= 16 rows per sequence),
-// op by op otherwise; both against the CPU's op-by-op form, including the conv state.
+// gdn_front: fused on CUDA for decode and verify steps (kernel 4, <= 16 rows per sequence), a
+// pass over the rows for longer ones (kernel 4), op by op otherwise; each against the CPU's
+// op-by-op form, including the conv state.
 TEST_F(CudaGdn, FrontMatchesCpu) {
   Rng rng(24);
   struct Geo {
@@ -535,7 +536,10 @@ TEST_F(CudaGdn, FrontMatchesCpu) {
     std::vector<float> dt_bias = rng.normals(static_cast<size_t>(geo.Hv), 0.5f);
     const std::vector<int32_t> slots = {2, 0};
     float* dconv = up(conv);
-    for (const std::vector<int>& lens : {std::vector<int>{1, 2}, std::vector<int>{1, 20}}) {
+    // {1, 20} and {5, 43}: the prefill form (a warp a row and head segment, 8 rows a block),
+    // sequences starting inside a block, rows that reach into the conv state.
+    for (const std::vector<int>& lens :
+         {std::vector<int>{1, 2}, std::vector<int>{1, 20}, std::vector<int>{5, 43}}) {
       const std::vector<int32_t> cu = {0, lens[0], lens[0] + lens[1]};
       const int T = cu[2];
       std::vector<int32_t> positions(static_cast<size_t>(T), 0);
