@@ -5,9 +5,11 @@
 // the CPU's forward substitution V'_r = beta_r (v_r - e^G_r S^T k_r) - sum_{s<r} A_rs V'_s is
 // (I + A) V' = B V - B E K S, so V' = U - W S with
 //   U = (I + A)^-1 B V   and   W = (I + A)^-1 B E K,
-// which do not depend on the state. Two kernels:
-//   prepare (every chunk of every head at once): A and P, then U and W by forward substitution
-//     on their columns (a column per thread, in registers); writes U, W, P and G.
+// which do not depend on the state. Three kernels:
+//   dots (every chunk of every key head at once): k_r.k_s and q_r.k_s, which A and P of the key
+//     head's value heads share;
+//   prepare (every chunk of every value head): A and P from them, then U and W by forward
+//     substitution on their columns (a column per thread, in registers); writes U, W, P and G.
 //   walk (per sequence, value head and kCols state columns, chunk after chunk):
 //     V' = U - W S;  o_r = e^G_r S^T q_r + sum_{s<=r} P_rs V'_s;
 //     S <- e^G_L S + sum_r e^(G_L - G_r) k_r V'_r^T   (L: the chunk's last token).
@@ -31,10 +33,16 @@ constexpr int kThreads = 256;     // 8 warps, both kernels
 constexpr int kMaxDim = 128;      // k_dim and v_dim at most this
 constexpr int kLdT = kChunk + 4;  // rows of A^T and P: float4-aligned, rows in distinct banks
 
-// Workspace per token row and value head (floats): W [k_dim], U [v_dim], P's row [kChunk], G.
+// Workspace per token row and value head (floats): W [k_dim], U [v_dim], P's row [kChunk], G;
+// and per chunk (at most n_tokens / kChunk + n_seqs of them) and key head the dot products
+// k_r.k_s and q_r.k_s, [kChunk][kChunk] each.
 size_t ws_floats_per_row(const GDNStateView& st) {
   return static_cast<size_t>(st.k_dim) + st.v_dim + kChunk + 1;
 }
+size_t ws_chunk_bound(const SeqLayout& seqs) {
+  return static_cast<size_t>(seqs.n_tokens) / kChunk + static_cast<size_t>(seqs.n_seqs);
+}
+constexpr size_t kDotFloats = 2 * static_cast<size_t>(kChunk) * kChunk;  // a chunk's, a key head
 
 struct ChunkArgs {
   GDNStateView st;
@@ -42,8 +50,8 @@ struct ChunkArgs {
   const int32_t* slots;
   const float *q, *k, *v, *g, *beta;
   float* out;
-  // Workspace, each indexed by (token row, value head): W, U, P, G.
-  float *W, *U, *P, *G;
+  // Workspace, each indexed by (token row, value head): W, U, P, G; KQ by (chunk, key head).
+  float *W, *U, *P, *G, *KQ;
 };
 
 // The chunk a prepare block owns: its sequence's first row (t0), its first row (tc) and its
@@ -62,10 +70,81 @@ __device__ bool find_chunk(const SeqLayout& seqs, int b, int64_t* tc, int* len) 
   return false;
 }
 
-// Shared memory of prepare (floats): k and q rows [kChunk][ld] each (ld = max(k_dim, v_dim) +
-// 4), A^T and P [kChunk][kLdT] each, G and beta [kChunk] each.
+// Shared memory of dots (floats): k and q rows [kChunk][Dk + 4] each.
+size_t dots_smem_floats(int k_dim) {
+  return 2 * static_cast<size_t>(kChunk) * (k_dim + 4);
+}
+
+// Block (chunk, key head): k_r.k_s and q_r.k_s over the chunk's rows (zeros past its length),
+// written as KQ[(chunk * Hk + kh) * kDotFloats + {0, kChunk^2} + r * kChunk + s]. Thread (ti, tj)
+// takes rows ti + 16i and columns tj + 16j (i, j < 4), so the rows a quarter-warp reads for its
+// columns fall in distinct banks; prepare reads its products back with the same mapping.
+__global__ void __launch_bounds__(kThreads, 2) delta_rule_dots_kernel(ChunkArgs a) {
+  pdl_begin();
+  extern __shared__ __align__(16) float sh[];
+  int64_t tc = 0;
+  int L = 0;
+  if (!find_chunk(a.seqs, static_cast<int>(blockIdx.x), &tc, &L)) return;
+  const int kh = blockIdx.y;
+  const int Hk = a.st.k_heads, Dk = a.st.k_dim;
+  const int ld = Dk + 4;
+  float* const K_s = sh;                 // [kChunk][ld]
+  float* const Q_s = K_s + kChunk * ld;  // [kChunk][ld]
+  const int tid = static_cast<int>(threadIdx.x);
+  const int64_t qk_stride = static_cast<int64_t>(Hk) * Dk;
+  const int words = Dk / 4;
+  for (int i = tid; i < kChunk * words; i += kThreads) {
+    const int r = i / words, j = (i % words) * 4;
+    float4 q4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), k4 = q4;
+    if (r < L) {
+      const int64_t at = (tc + r) * qk_stride + static_cast<int64_t>(kh) * Dk + j;
+      q4 = *reinterpret_cast<const float4*>(a.q + at);
+      k4 = *reinterpret_cast<const float4*>(a.k + at);
+    }
+    *reinterpret_cast<float4*>(Q_s + r * ld + j) = q4;
+    *reinterpret_cast<float4*>(K_s + r * ld + j) = k4;
+  }
+  __syncthreads();
+  const int ti = tid / 16, tj = tid % 16;
+  float kk[4][4], qk[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) kk[i][j] = qk[i][j] = 0.0f;
+  }
+  for (int w = 0; w < words; ++w) {
+    float4 kr[4], qr[4], ks[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      kr[i] = reinterpret_cast<const float4*>(K_s + (ti + 16 * i) * ld)[w];
+      qr[i] = reinterpret_cast<const float4*>(Q_s + (ti + 16 * i) * ld)[w];
+      ks[i] = reinterpret_cast<const float4*>(K_s + (tj + 16 * i) * ld)[w];
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        kk[i][j] += kr[i].x * ks[j].x + kr[i].y * ks[j].y + kr[i].z * ks[j].z + kr[i].w * ks[j].w;
+        qk[i][j] += qr[i].x * ks[j].x + qr[i].y * ks[j].y + qr[i].z * ks[j].z + qr[i].w * ks[j].w;
+      }
+    }
+  }
+  float* const out = a.KQ + (static_cast<int64_t>(blockIdx.x) * Hk + kh) * kDotFloats;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int at = (ti + 16 * i) * kChunk + tj + 16 * j;
+      out[at] = kk[i][j];
+      out[kChunk * kChunk + at] = qk[i][j];
+    }
+  }
+}
+
+// Shared memory of prepare (floats): k rows [kChunk][ld] (ld = max(k_dim, v_dim) + 4), A^T and P
+// [kChunk][kLdT] each, G and beta [kChunk] each.
 size_t prepare_smem_floats(int ld) {
-  return 2 * static_cast<size_t>(kChunk) * ld + 2 * static_cast<size_t>(kChunk) * kLdT + 2 * kChunk;
+  return static_cast<size_t>(kChunk) * ld + 2 * static_cast<size_t>(kChunk) * kLdT + 2 * kChunk;
 }
 
 __global__ void __launch_bounds__(kThreads, 2) delta_rule_prepare_kernel(ChunkArgs a) {
@@ -79,23 +158,36 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_prepare_kernel(ChunkAr
   const int kh = h / (Hv / Hk);
   const int ld = (Dk > Dv ? Dk : Dv) + 4;
   float* const K_s = sh;                    // [kChunk][ld]
-  float* const Q_s = K_s + kChunk * ld;     // [kChunk][ld]
-  float* const At_s = Q_s + kChunk * ld;    // [kChunk][kLdT]: At[s][r] = A_rs
+  float* const At_s = K_s + kChunk * ld;    // [kChunk][kLdT]: At[s][r] = A_rs
   float* const P_s = At_s + kChunk * kLdT;  // [kChunk][kLdT]: P[r][s]
   float* const G_s = P_s + kChunk * kLdT;
   float* const b_s = G_s + kChunk;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int64_t qk_stride = static_cast<int64_t>(Hk) * Dk, v_stride = static_cast<int64_t>(Hv) * Dv;
+  // This thread's share of the key head's products (delta_rule_dots_kernel, the same thread
+  // mapping), in flight while k is staged and G summed.
+  const int ti = tid / 16, tj = tid % 16;
+  float kk[4][4], qk[4][4];
+  {
+    const float* const dots = a.KQ + (static_cast<int64_t>(blockIdx.x) * Hk + kh) * kDotFloats;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int at = (ti + 16 * i) * kChunk + tj + 16 * j;
+        kk[i][j] = dots[at];
+        qk[i][j] = dots[kChunk * kChunk + at];
+      }
+    }
+  }
   const int words = Dk / 4;
   for (int i = tid; i < kChunk * words; i += kThreads) {
     const int r = i / words, j = (i % words) * 4;
-    float4 q4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), k4 = q4;
+    float4 k4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (r < L) {
-      const int64_t at = (tc + r) * qk_stride + static_cast<int64_t>(kh) * Dk + j;
-      q4 = *reinterpret_cast<const float4*>(a.q + at);
-      k4 = *reinterpret_cast<const float4*>(a.k + at);
+      k4 = *reinterpret_cast<const float4*>(a.k + (tc + r) * qk_stride +
+                                            static_cast<int64_t>(kh) * Dk + j);
     }
-    *reinterpret_cast<float4*>(Q_s + r * ld + j) = q4;
     *reinterpret_cast<float4*>(K_s + r * ld + j) = k4;
   }
   if (warp == 0) {
@@ -116,33 +208,8 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_prepare_kernel(ChunkAr
   if (tid < kChunk) b_s[tid] = tid < L ? a.beta[(tc + tid) * Hv + h] : 0.0f;
   __syncthreads();
   if (tid < L) a.G[(tc + tid) * Hv + h] = G_s[tid];
-  // A and P: thread (ti, tj) takes rows ti + 16i and columns tj + 16j (i, j < 4), so the rows
-  // a quarter-warp reads for its columns fall in distinct banks.
+  // A and P from the key head's products (loaded above).
   {
-    const int ti = tid / 16, tj = tid % 16;
-    float kk[4][4], qk[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) kk[i][j] = qk[i][j] = 0.0f;
-    }
-    for (int w = 0; w < words; ++w) {
-      float4 kr[4], qr[4], ks[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        kr[i] = reinterpret_cast<const float4*>(K_s + (ti + 16 * i) * ld)[w];
-        qr[i] = reinterpret_cast<const float4*>(Q_s + (ti + 16 * i) * ld)[w];
-        ks[i] = reinterpret_cast<const float4*>(K_s + (tj + 16 * i) * ld)[w];
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          kk[i][j] += kr[i].x * ks[j].x + kr[i].y * ks[j].y + kr[i].z * ks[j].z + kr[i].w * ks[j].w;
-          qk[i][j] += qr[i].x * ks[j].x + qr[i].y * ks[j].y + qr[i].z * ks[j].z + qr[i].w * ks[j].w;
-        }
-      }
-    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = ti + 16 * i;
@@ -435,7 +502,8 @@ size_t delta_rule_chunked_ws_floats(const GDNStateView& st, const SeqLayout& seq
       seqs.n_seqs > 65535 || st.v_heads > 65535) {
     return 0;
   }
-  return static_cast<size_t>(seqs.n_tokens) * st.v_heads * ws_floats_per_row(st);
+  return static_cast<size_t>(seqs.n_tokens) * st.v_heads * ws_floats_per_row(st) +
+         ws_chunk_bound(seqs) * st.k_heads * kDotFloats;
 }
 
 bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const SeqLayout& seqs,
@@ -449,22 +517,30 @@ bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const
   }
   const int Dk = state.k_dim, Dv = state.v_dim;
   const size_t rows = static_cast<size_t>(seqs.n_tokens) * state.v_heads;
-  // W and U first (both multiples of 4 floats per row when k_dim is), P's 64-float rows, G.
+  // W, P's 64-float rows and the dot products first (multiples of 4 floats when k_dim is), then
+  // U and G.
   float* W = ws;
   float* P = W + rows * Dk;
-  float* U = P + rows * kChunk;
+  float* KQ = P + rows * kChunk;
+  float* U = KQ + ws_chunk_bound(seqs) * state.k_heads * kDotFloats;
   float* G = U + rows * Dv;
-  const ChunkArgs a{state, seqs, slots, q, k, v, g, beta, out, W, U, P, G};
+  const ChunkArgs a{state, seqs, slots, q, k, v, g, beta, out, W, U, P, G, KQ};
   const int ld = (Dk > Dv ? Dk : Dv) + 4;
   const size_t prep_smem = prepare_smem_floats(ld) * sizeof(float);
   const size_t walk_smem = walk_smem_floats() * sizeof(float);
+  const size_t dots_smem = dots_smem_floats(Dk) * sizeof(float);
+  TM_CUDA(cudaFuncSetAttribute(delta_rule_dots_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(dots_smem_floats(kMaxDim) * sizeof(float))));
   TM_CUDA(cudaFuncSetAttribute(delta_rule_prepare_kernel,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(prepare_smem_floats(kMaxDim + 4) * sizeof(float))));
   TM_CUDA(cudaFuncSetAttribute(delta_rule_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(walk_smem)));
   // At most n_tokens / kChunk + n_seqs chunks; blocks past the last chunk return at once.
-  const unsigned chunks = static_cast<unsigned>(seqs.n_tokens / kChunk + seqs.n_seqs);
+  const unsigned chunks = static_cast<unsigned>(ws_chunk_bound(seqs));
+  launch_pdl(delta_rule_dots_kernel, dim3(chunks, static_cast<unsigned>(state.k_heads)),
+             dim3(kThreads), dots_smem, st, a);
+  TM_CUDA_LAUNCHED();
   launch_pdl(delta_rule_prepare_kernel, dim3(chunks, static_cast<unsigned>(state.v_heads)),
              dim3(kThreads), prep_smem, st, a);
   TM_CUDA_LAUNCHED();
