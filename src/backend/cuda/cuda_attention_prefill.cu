@@ -23,6 +23,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <type_traits>
 
@@ -33,9 +34,16 @@
 namespace tokenmill::cuda {
 namespace {
 
-constexpr int kKeys = 32;     // keys per tile
-constexpr int kPad = 8;       // F16 padding per shared row: ldmatrix rows hit distinct banks
-constexpr int kMaxWarps = 8;  // per block: R * TT
+constexpr int kKeys = 32;  // keys per tile
+constexpr int kPad = 8;    // F16 padding per shared row: ldmatrix rows hit distinct banks
+// Warps per block (R * TT) at most: 8 exact; 12 fast, whose queries need no lo parts, so twelve
+// warps' queries and the K/V stages fit in shared memory, and whose registers fit 168 a thread
+// (twelve warps on a multiprocessor instead of six: the kernel is bound by each warp's latency;
+// each K/V tile converted once for twice the query rows).
+template <bool kFast>
+constexpr int max_warps() {
+  return kFast ? 12 : 8;
+}
 constexpr int kMaxGroup = 8;  // query heads per kv head
 
 struct PrefillArgs {
@@ -109,12 +117,17 @@ __device__ __forceinline__ void add4(float (&acc)[4], const float (&d)[4]) {
   acc[0] += d[0], acc[1] += d[1], acc[2] += d[2], acc[3] += d[3];
 }
 
-// Shared memory: Q [warps][hi, lo][16][LD], K [hi, lo][kKeys][LD], V likewise (F16, LD = D +
-// kPad), then the cache rows of two tiles' keys. Over a BF16 cache (no lo parts) the K and V
-// regions hold two stages of hi parts instead: [stage][kKeys][LD] each.
-template <int D>
+// Shared memory: Q [warps][hi, lo][16][LD] (fast: [warps][hi][16][LD]), K [hi, lo][kKeys][LD],
+// V likewise (F16, LD = D + kPad), then the cache rows of two tiles' keys. Over a BF16 cache (no
+// lo parts) the K and V regions hold two stages of hi parts instead: [stage][kKeys][LD] each.
+template <bool kFast>
+constexpr int q_rows_per_warp() {
+  return kFast ? 16 : 32;
+}
+template <int D, bool kFast>
 constexpr size_t prefill_smem_bytes(int warps) {
-  return (static_cast<size_t>(warps) * 32 + 4 * kKeys) * (D + kPad) * sizeof(__half) +
+  return (static_cast<size_t>(warps) * q_rows_per_warp<kFast>() + 4 * kKeys) * (D + kPad) *
+             sizeof(__half) +
          2 * kKeys * sizeof(int64_t);
 }
 
@@ -131,7 +144,8 @@ __device__ __forceinline__ void bf16x8_to_f16x8(__half* p) {
 }
 
 template <int D, typename T, bool kFast>
-__global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(PrefillArgs a) {
+__global__ void __launch_bounds__(max_warps<kFast>() * 32, 1)
+    attention_prefill_kernel(PrefillArgs a) {
   constexpr int LD = D + kPad;
   constexpr int kDimTiles = D / 8;                        // n-tiles of the output
   constexpr bool kKVExact = std::is_same_v<T, uint16_t>;  // a BF16 cache: K and V exact in F16
@@ -139,7 +153,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
   __shared__ int s_kmax, s_missing;
   const int warps = static_cast<int>(blockDim.x) >> 5;
   __half* const q_s = reinterpret_cast<__half*>(smem);
-  __half* const k_s = q_s + warps * 32 * LD;
+  constexpr int kQRows = q_rows_per_warp<kFast>();
+  __half* const k_s = q_s + warps * kQRows * LD;
   __half* const v_s = k_s + 2 * kKeys * LD;
   int64_t* const key_row = reinterpret_cast<int64_t*>(v_s + 2 * kKeys * LD);
   pdl_begin();
@@ -178,7 +193,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
   const int warp_kmax = __reduce_max_sync(0xffffffffu, max(pos_a, pos_b));
 
   // The warp's queries, split, into shared memory.
-  __half* const qw = q_s + warp * 32 * LD;
+  __half* const qw = q_s + warp * kQRows * LD;
   for (int i = lane; i < 16 * D / 4; i += 32) {
     const int r = i / (D / 4), d = (i % (D / 4)) * 4;
     const int t = tok0 + r;
@@ -409,10 +424,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
 
 template <int D, typename T, bool kFast>
 void launch_prefill_d(cudaStream_t st, const PrefillArgs& a, dim3 grid, int warps) {
-  const size_t smem = prefill_smem_bytes<D>(warps);
+  const size_t smem = prefill_smem_bytes<D, kFast>(warps);
   TM_CUDA(cudaFuncSetAttribute(attention_prefill_kernel<D, T, kFast>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(prefill_smem_bytes<D>(kMaxWarps))));
+                               static_cast<int>(prefill_smem_bytes<D, kFast>(max_warps<kFast>()))));
   launch_pdl(attention_prefill_kernel<D, T, kFast>, grid, dim3(warps * 32), smem, st, a);
   TM_CUDA_LAUNCHED();
 }
@@ -448,7 +463,8 @@ bool launch_attention_prefill(CUstream_st* st, const KVLayerView& kv, const KVPa
       seqs.n_tokens <= 0 || seqs.n_seqs <= 0) {
     return false;
   }
-  const int tok_tiles = r >= 4 ? 1 : 4 / r;  // at least 4 warps where the group allows
+  // Exact: at least 4 warps where the group allows; fast: as many 16-token tiles as 12 warps hold.
+  const int tok_tiles = fast ? std::max(1, max_warps<true>() / r) : r >= 4 ? 1 : 4 / r;
   const int tile_tokens = 16 * tok_tiles;
   PrefillArgs a{kv, pg, seqs, q, out, heads, r, tok_tiles, scale * 1.4426950408889634f};
   // Tiles start at each sequence's first token: at most n_tokens / tile + n_seqs of them.
