@@ -170,7 +170,7 @@ void CudaBackend::reserve_step_workspaces(const StepShape& shape) {
   st.k_dim = shape.gdn_k_dim;
   st.v_dim = shape.gdn_v_dim;
   SeqLayout seqs;
-  seqs.n_seqs = std::max(1, std::min(shape.max_seqs, shape.max_tokens));
+  seqs.n_seqs = std::max(1, std::min({shape.max_seqs, shape.max_tokens, 65535}));
   seqs.n_tokens = shape.max_tokens;
   seqs.max_seq_tokens = shape.max_tokens;
   grow_workspace(&gdn_ws_, &gdn_ws_bytes_, gdn_ws_bytes(st, seqs, false), "chunked delta rule");
