@@ -213,8 +213,9 @@ TEST_F(CudaAttention, Bf16CacheMatchesCpu) {
 
 // Prefill rows (the tensor-core kernel): three sequences, one starting fresh with 200 tokens,
 // one adding 77 after 45 cached, one adding a single token after 130; GQA groups of 1, 2, 6
-// and 8, head_dim 32 to 256, F32 and BF16 caches; against the CPU over the same cache. The
-// same with PrefillPrecision::kFast, within F16's error.
+// and 8, head_dim 32 to 256 (128 and 256 split over warp pairs up to groups of 6), F32 and
+// BF16 caches; against the CPU over the same cache. The same with PrefillPrecision::kFast,
+// within F16's error.
 TEST_F(CudaAttention, PrefillMatchesCpu) {
   Rng rng(27);
   std::unique_ptr<Backend> fast = make_cuda_backend(0, PrefillPrecision::kFast);
@@ -224,7 +225,8 @@ TEST_F(CudaAttention, PrefillMatchesCpu) {
   };
   for (Geo geo :
        {Geo{256, 12, 2, DType::F32}, Geo{128, 16, 2, DType::F32}, Geo{64, 2, 2, DType::BF16},
-        Geo{32, 4, 2, DType::F32}, Geo{256, 4, 2, DType::BF16}}) {
+        Geo{32, 4, 2, DType::F32}, Geo{256, 4, 2, DType::BF16}, Geo{256, 12, 2, DType::BF16},
+        Geo{128, 8, 2, DType::BF16}}) {
     const int D = geo.D, heads = geo.heads, block_size = 16, max_blocks = 20, S = 3;
     const int64_t row = int64_t{geo.kv_heads} * D;
     const size_t cache_n = static_cast<size_t>(S) * max_blocks * block_size * row;
