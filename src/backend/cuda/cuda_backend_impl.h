@@ -66,11 +66,12 @@ int launch_attention_split_tc(CUstream_st* st, const KVLayerView& kv, const KVPa
 // for k_dim 4..128 (a multiple of 4) and v_dim 1..128; 0 for shapes it does not take.
 size_t delta_rule_chunked_ws_floats(const GDNStateView& state, const SeqLayout& seqs);
 // Launches it; false, launching nothing, for a shape it does not take, a workspace shorter than
-// delta_rule_chunked_ws_floats, or q, k or ws not 16-byte aligned.
+// delta_rule_chunked_ws_floats, or q, k or ws not 16-byte aligned. fast: the walk's products in
+// one TF32 pass (PrefillPrecision::kFast) instead of three.
 bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const SeqLayout& seqs,
                                const int32_t* slots, const float* q, const float* k, const float* v,
                                const float* g, const float* beta, float* out, float* ws,
-                               size_t ws_floats);
+                               size_t ws_floats, bool fast);
 
 // pick_tokens' sampled rows and penalize_rows (cuda_pick.cu): the workspace they need (allocated
 // once, zeroed) and the picks it makes (greedy ones always; sampled ones with 1 <= top_k <= 128

@@ -603,7 +603,8 @@ void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs
     auto* ws =
         static_cast<float*>(grow_workspace(&gdn_ws_, &gdn_ws_bytes_, bytes, "chunked delta rule"));
     if (cuda::launch_delta_rule_chunked(stream_, st, seqs, slots, q, k, v, g, beta, out, ws,
-                                        bytes / sizeof(float))) {
+                                        bytes / sizeof(float),
+                                        prefill_precision_ == PrefillPrecision::kFast)) {
       return;
     }
   }

@@ -15,7 +15,8 @@
 //     S <- e^G_L S + sum_r e^(G_L - G_r) k_r V'_r^T   (L: the chunk's last token).
 // So the part that must run in order is three dense products per chunk; the per-token chains
 // (the substitution) run in parallel over chunks. prepare's arithmetic is F32 on the CUDA
-// cores; walk's products run on the tensor cores with split TF32 operands (F32-accurate, below).
+// cores; walk's products run on the tensor cores with split TF32 operands (F32-accurate, below;
+// PrefillPrecision::kFast: one TF32 pass).
 //
 // Why: the recurrent kernel walks the tokens one at a time (a dot product, two shuffles, an
 // update and another dot product per token): 12 ms per 27B layer at an 8k-token prompt.
@@ -282,13 +283,32 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& sma
   small = __float_as_uint(x - __uint_as_float(big));
 }
 
-// An A fragment (4 values) or a B fragment (2) split into big and small parts.
-template <int N>
+__device__ __forceinline__ float round_tf32(float x) {
+  return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+}
+__device__ __forceinline__ float4 round_tf32(float4 v) {
+  return make_float4(round_tf32(v.x), round_tf32(v.y), round_tf32(v.z), round_tf32(v.w));
+}
+
+// How a fragment's values become operands: split into big and small parts (F32-accurate), the
+// big part alone (one pass), or as they are (values already rounded to TF32 when staged).
+enum class Tf32 { kSplit, kRound, kRaw };
+
+// An A fragment (4 values) or a B fragment (2); small only with Tf32::kSplit.
+template <int N, Tf32 M>
 struct Tf32Frag {
   uint32_t big[N], small[N];
   __device__ __forceinline__ explicit Tf32Frag(const float (&v)[N]) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) split_tf32(v[i], big[i], small[i]);
+    for (int i = 0; i < N; ++i) {
+      if constexpr (M == Tf32::kSplit) {
+        split_tf32(v[i], big[i], small[i]);
+      } else if constexpr (M == Tf32::kRound) {
+        big[i] = __float_as_uint(round_tf32(v[i]));
+      } else {
+        big[i] = __float_as_uint(v[i]);
+      }
+    }
   }
 };
 
@@ -301,37 +321,46 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// d += a b with split operands (the small products first).
-__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const Tf32Frag<4>& a,
-                                           const Tf32Frag<2>& b) {
-  mma_tf32(d, a.small, b.big[0], b.big[1]);
-  mma_tf32(d, a.big, b.small[0], b.small[1]);
+// d += a b: with split operands three passes (the small products first); otherwise
+// (PrefillPrecision::kFast) one TF32 pass over the big parts, 11 significant bits per operand
+// as in the fast F16 GEMM.
+template <Tf32 MA, Tf32 MB>
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const Tf32Frag<4, MA>& a,
+                                           const Tf32Frag<2, MB>& b) {
+  static_assert((MA == Tf32::kSplit) == (MB == Tf32::kSplit), "both operands split, or neither");
+  if constexpr (MA == Tf32::kSplit) {
+    mma_tf32(d, a.small, b.big[0], b.big[1]);
+    mma_tf32(d, a.big, b.small[0], b.small[1]);
+  }
   mma_tf32(d, a.big, b.big[0], b.big[1]);
 }
 
 // The A fragment at rows m0 + g (+8), columns k0 + t (+4) of a row-major matrix with row
 // stride ld (lane: g = lane / 4, t = lane % 4).
-__device__ __forceinline__ Tf32Frag<4> load_a(const float* p, int ld, int m0, int k0, int g,
-                                              int t) {
+template <Tf32 M>
+__device__ __forceinline__ Tf32Frag<4, M> load_a(const float* p, int ld, int m0, int k0, int g,
+                                                 int t) {
   const float* r = p + (m0 + g) * ld + k0 + t;
   const float v[4] = {r[0], r[8 * ld], r[4], r[8 * ld + 4]};
-  return Tf32Frag<4>(v);
+  return Tf32Frag<4, M>(v);
 }
 
 // The A fragment of the transpose of a row-major matrix: A[i][r] = p[r * ld + i].
-__device__ __forceinline__ Tf32Frag<4> load_at(const float* p, int ld, int m0, int k0, int g,
-                                               int t) {
+template <Tf32 M>
+__device__ __forceinline__ Tf32Frag<4, M> load_at(const float* p, int ld, int m0, int k0, int g,
+                                                  int t) {
   const float* r = p + (k0 + t) * ld + m0 + g;
   const float v[4] = {r[0], r[8], r[4 * ld], r[4 * ld + 8]};
-  return Tf32Frag<4>(v);
+  return Tf32Frag<4, M>(v);
 }
 
 // The B fragment at rows k0 + t (+4), column n0 + g of a row-major matrix.
-__device__ __forceinline__ Tf32Frag<2> load_b(const float* p, int ld, int k0, int n0, int g,
-                                              int t) {
+template <Tf32 M>
+__device__ __forceinline__ Tf32Frag<2, M> load_b(const float* p, int ld, int k0, int n0, int g,
+                                                 int t) {
   const float* r = p + (k0 + t) * ld + n0 + g;
   const float v[2] = {r[0], r[4 * ld]};
-  return Tf32Frag<2>(v);
+  return Tf32Frag<2, M>(v);
 }
 
 // Shared memory of walk (floats): S slice [kMaxDim][kLdB]; X (W, then e^(G_L-G) k) and Y (e^G
@@ -347,7 +376,19 @@ size_t walk_smem_floats() {
 //      V' = U - W S and of e^G q S (K = Dp);
 //   B: the same tiles of O += P V' (K: the rows up to the tile's last, P being causal);
 //   C: warp w takes state rows 16 w.. of S <- e^G_L S + k'^T V' (K: the chunk's rows).
+// kFast: one TF32 pass, W, e^G q, k', P and V' rounded to TF32 once as they are staged (each is
+// read by several warps), S (kept in F32: the decay multiplies it every chunk) as it is read.
+template <bool kFast>
 __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs a) {
+  constexpr Tf32 kStaged = kFast ? Tf32::kRaw : Tf32::kSplit;
+  constexpr Tf32 kState = kFast ? Tf32::kRound : Tf32::kSplit;
+  const auto staged = [](auto v) {
+    if constexpr (kFast) {
+      return round_tf32(v);
+    } else {
+      return v;
+    }
+  };
   pdl_begin();
   extern __shared__ __align__(16) float sh[];
   const int s = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * kCols;
@@ -392,17 +433,17 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs 
         q4 = make_float4(e * q4.x, e * q4.y, e * q4.z, e * q4.w);
         k4 = make_float4(f * k4.x, f * k4.y, f * k4.z, f * k4.w);
       }
-      kr[n] = k4;
+      kr[n] = staged(k4);
       if (r < kChunk) {
-        *reinterpret_cast<float4*>(X_s + r * kLdA + j) = w4;
-        *reinterpret_cast<float4*>(Y_s + r * kLdA + j) = q4;
+        *reinterpret_cast<float4*>(X_s + r * kLdA + j) = staged(w4);
+        *reinterpret_cast<float4*>(Y_s + r * kLdA + j) = staged(q4);
       }
     }
     for (int i = tid; i < kChunk * (kChunk / 4); i += kThreads) {
       const int r = i / (kChunk / 4), j = (i % (kChunk / 4)) * 4;
       float4 p4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (r < L) p4 = *reinterpret_cast<const float4*>(a.P + ((tc + r) * Hv + h) * kChunk + j);
-      *reinterpret_cast<float4*>(P_s + r * kLdT + j) = p4;
+      *reinterpret_cast<float4*>(P_s + r * kLdT + j) = staged(p4);
     }
     // U at this warp's V' fragments: rows m0 + g (+8), columns 16 nh + 8 n + 2t (+1).
     float u[2][4];
@@ -417,15 +458,22 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs 
     __syncthreads();
     // A: W S and e^G q S.
     float ws[2][4] = {}, ob[2][4] = {};
-    for (int k0 = 0; k0 < Dp; k0 += 8) {
-      const Tf32Frag<4> wa = load_a(X_s, kLdA, m0, k0, g, t);
-      const Tf32Frag<4> qa = load_a(Y_s, kLdA, m0, k0, g, t);
+    const auto step_a = [&](int k0) {
+      const auto wa = load_a<kStaged>(X_s, kLdA, m0, k0, g, t);
+      const auto qa = load_a<kStaged>(Y_s, kLdA, m0, k0, g, t);
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-        const Tf32Frag<2> sb = load_b(S_s, kLdB, k0, 16 * nh + 8 * n, g, t);
+        const auto sb = load_b<kState>(S_s, kLdB, k0, 16 * nh + 8 * n, g, t);
         mma_3xtf32(ws[n], wa, sb);
         mma_3xtf32(ob[n], qa, sb);
       }
+    };
+    if constexpr (kFast) {
+      // Left to itself the compiler hoists more of the cheaper loads than 128 registers hold.
+#pragma unroll 2
+      for (int k0 = 0; k0 < Dp; k0 += 8) step_a(k0);
+    } else {
+      for (int k0 = 0; k0 < Dp; k0 += 8) step_a(k0);
     }
     __syncthreads();  // X and Y are read: V' goes into Y, k' into X
     float* const V_s = Y_s;
@@ -433,9 +481,9 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs 
     for (int n = 0; n < 2; ++n) {
       const int c = 16 * nh + 8 * n + 2 * t;
       *reinterpret_cast<float2*>(V_s + (m0 + g) * kLdB + c) =
-          make_float2(u[n][0] - ws[n][0], u[n][1] - ws[n][1]);
+          make_float2(staged(u[n][0] - ws[n][0]), staged(u[n][1] - ws[n][1]));
       *reinterpret_cast<float2*>(V_s + (m0 + g + 8) * kLdB + c) =
-          make_float2(u[n][2] - ws[n][2], u[n][3] - ws[n][3]);
+          make_float2(staged(u[n][2] - ws[n][2]), staged(u[n][3] - ws[n][3]));
     }
 #pragma unroll
     for (int n = 0; n < kItems; ++n) {
@@ -446,10 +494,10 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs 
     __syncthreads();
     // B: o_r = e^G_r S^T q_r + sum_{s<=r} P_rs V'_s (P is zero above the diagonal).
     for (int k0 = 0; k0 < m0 + 16 && k0 < L; k0 += 8) {
-      const Tf32Frag<4> pa = load_a(P_s, kLdT, m0, k0, g, t);
+      const auto pa = load_a<kStaged>(P_s, kLdT, m0, k0, g, t);
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-        mma_3xtf32(ob[n], pa, load_b(V_s, kLdB, k0, 16 * nh + 8 * n, g, t));
+        mma_3xtf32(ob[n], pa, load_b<kStaged>(V_s, kLdB, k0, 16 * nh + 8 * n, g, t));
       }
     }
 #pragma unroll
@@ -474,9 +522,10 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs 
         }
       }
       for (int k0 = 0; k0 < L; k0 += 8) {
-        const Tf32Frag<4> ka = load_at(X_s, kLdA, i0, k0, g, t);
+        const auto ka = load_at<kStaged>(X_s, kLdA, i0, k0, g, t);
 #pragma unroll
-        for (int n = 0; n < 4; ++n) mma_3xtf32(acc[n], ka, load_b(V_s, kLdB, k0, 8 * n, g, t));
+        for (int n = 0; n < 4; ++n)
+          mma_3xtf32(acc[n], ka, load_b<kStaged>(V_s, kLdB, k0, 8 * n, g, t));
       }
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
@@ -509,7 +558,7 @@ size_t delta_rule_chunked_ws_floats(const GDNStateView& st, const SeqLayout& seq
 bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const SeqLayout& seqs,
                                const int32_t* slots, const float* q, const float* k, const float* v,
                                const float* g, const float* beta, float* out, float* ws,
-                               size_t ws_floats) {
+                               size_t ws_floats, bool fast) {
   const size_t need = delta_rule_chunked_ws_floats(state, seqs);
   if (need == 0 || ws_floats < need || reinterpret_cast<uintptr_t>(q) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(k) % 16 != 0 || reinterpret_cast<uintptr_t>(ws) % 16 != 0) {
@@ -534,7 +583,8 @@ bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const
   TM_CUDA(cudaFuncSetAttribute(delta_rule_prepare_kernel,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(prepare_smem_floats(kMaxDim + 4) * sizeof(float))));
-  TM_CUDA(cudaFuncSetAttribute(delta_rule_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  const auto walk = fast ? delta_rule_walk_kernel<true> : delta_rule_walk_kernel<false>;
+  TM_CUDA(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(walk_smem)));
   // At most n_tokens / kChunk + n_seqs chunks; blocks past the last chunk return at once.
   const unsigned chunks = static_cast<unsigned>(ws_chunk_bound(seqs));
@@ -546,7 +596,7 @@ bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const
   TM_CUDA_LAUNCHED();
   const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(state.v_heads),
                   static_cast<unsigned>((Dv + kCols - 1) / kCols));
-  launch_pdl(delta_rule_walk_kernel, grid, dim3(kThreads), walk_smem, st, a);
+  launch_pdl(walk, grid, dim3(kThreads), walk_smem, st, a);
   TM_CUDA_LAUNCHED();
   return true;
 }

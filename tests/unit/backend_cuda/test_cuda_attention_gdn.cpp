@@ -459,9 +459,12 @@ TEST_F(CudaGdn, DeltaRuleContinuesStateWithStepStates) {
 
 // Prefill-length sequences: the chunked delta rule on both sides (the CPU's for sequences of 64
 // rows and more; CUDA's for the whole call), with partial chunks, a one-token sequence in the
-// same call, a partial column block (Dv 48) and two calls continuing the state.
+// same call, a partial column block (Dv 48) and two calls continuing the state. The same with
+// PrefillPrecision::kFast (one TF32 pass for the walk's products), on a state of its own, within
+// TF32's error.
 TEST_F(CudaGdn, DeltaRuleChunkedMatchesCpu) {
   Rng rng(28);
+  std::unique_ptr<Backend> fast = make_cuda_backend(0, PrefillPrecision::kFast);
   struct Dims {
     int Dk, Dv;
   };
@@ -476,6 +479,7 @@ TEST_F(CudaGdn, DeltaRuleChunkedMatchesCpu) {
     std::vector<float> ssm = rng.normals(static_cast<size_t>(slots_n * Hv * ssz), 0.1f);
     const std::vector<int32_t> slots = {2, 0, 3, 1};
     float* dssm = up(ssm);
+    float* fssm = up(ssm);
     int call = 0;
     for (const std::vector<int>& lens :
          {std::vector<int>{130, 64, 1, 200}, std::vector<int>{65, 3, 128, 70}}) {
@@ -503,12 +507,25 @@ TEST_F(CudaGdn, DeltaRuleChunkedMatchesCpu) {
       dseqs.cu_seqlens = up(cu);
       dseqs.positions = up(positions);
       float* dout = poisoned(v.size());
-      gpu->gated_delta_rule(dst, dseqs, up(slots), up(q), up(k), up(v), up(g), up(beta), dout,
-                            nullptr);
+      int32_t* dslots = up(slots);
+      float *dq = up(q), *dk = up(k), *dv = up(v), *dg = up(g), *dbeta = up(beta);
+      gpu->gated_delta_rule(dst, dseqs, dslots, dq, dk, dv, dg, dbeta, dout, nullptr);
       const std::string d = " Dk=" + std::to_string(dm.Dk) + " Dv=" + std::to_string(dm.Dv) +
                             " call " + std::to_string(call);
-      expect_close(down(dout, v.size()), want, 1e-4, "chunked delta rule out" + d);
+      const double exact_err =
+          1e-4 * expect_close(down(dout, v.size()), want, 1e-4, "chunked delta rule out" + d);
       expect_close(down(dssm, ssm.size()), ssm, 1e-4, "chunked delta rule state" + d);
+      GDNStateView fst = dst;
+      fst.ssm = fssm;
+      float* fout = poisoned(v.size());
+      gpu->synchronize();
+      fast->gated_delta_rule(fst, dseqs, dslots, dq, dk, dv, dg, dbeta, fout, nullptr);
+      fast->synchronize();
+      const double fast_err =
+          2e-2 * expect_close(down(fout, v.size()), want, 2e-2, "fast chunked delta rule out" + d);
+      expect_close(down(fssm, ssm.size()), ssm, 2e-2, "fast chunked delta rule state" + d);
+      // One TF32 pass errs about 2^-12 a product, the split passes 2^-21.
+      EXPECT_GT(fast_err, 8 * exact_err) << "fast" << d << ": as exact, so the split walk ran";
       ++call;
     }
   }
