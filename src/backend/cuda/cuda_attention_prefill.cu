@@ -38,13 +38,13 @@ namespace {
 
 constexpr int kKeys = 32;  // keys per tile
 constexpr int kPad = 8;    // F16 padding per shared row: ldmatrix rows hit distinct banks
-// Warps per block (R * TT * kHalves) at most: 8 exact; 12 fast, whose queries need no lo parts,
-// so twelve warps' queries and the K/V stages fit in shared memory, and whose registers fit 168 a
-// thread; 12 with head_dim split over two warps (kHalves 2: half the output accumulators). The
+// Warps per block (R * TT * halves) at most: 12 with head_dim split over two warps (halves 2:
+// half the output accumulators), or fast up to head_dim 128 (queries without lo parts, so twelve
+// warps' queries and the K/V stages fit in shared memory, and 64 accumulators fit 168 registers
+// a thread); otherwise 8 (128 accumulators a thread at head_dim 256 need more registers). The
 // kernel is bound by each warp's latency, so twelve warps on a multiprocessor instead of six pay.
-template <bool kFast, int kHalves>
-constexpr int max_warps() {
-  return kFast || kHalves == 2 ? 12 : 8;
+constexpr int max_warps(int D, bool fast, int halves) {
+  return halves == 2 || (fast && D <= 128) ? 12 : 8;
 }
 // Named barriers of the warp pairs that split a query tile's head_dim (0 is __syncthreads').
 __device__ __forceinline__ void pair_barrier(int pair) {
@@ -156,7 +156,7 @@ __device__ __forceinline__ void bf16x8_to_f16x8(__half* p) {
 // partial scores added through shared memory, so both hold the same sums), the same softmax,
 // and P V for its half of the output.
 template <int D, typename T, bool kFast, int kHalves>
-__global__ void __launch_bounds__(max_warps<kFast, kHalves>() * 32, 1)
+__global__ void __launch_bounds__(max_warps(D, kFast, kHalves) * 32, 1)
     attention_prefill_kernel(PrefillArgs a) {
   constexpr int LD = D + kPad;
   constexpr int kDH = D / kHalves;                        // this warp's columns of head_dim
@@ -458,7 +458,7 @@ __global__ void __launch_bounds__(max_warps<kFast, kHalves>() * 32, 1)
 template <int D, typename T, bool kFast, int kHalves>
 void launch_prefill_d(cudaStream_t st, const PrefillArgs& a, dim3 grid, int warps) {
   const auto kernel = attention_prefill_kernel<D, T, kFast, kHalves>;
-  constexpr size_t most = prefill_smem_bytes<D, kFast, kHalves>(max_warps<kFast, kHalves>());
+  constexpr size_t most = prefill_smem_bytes<D, kFast, kHalves>(max_warps(D, kFast, kHalves));
   TM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(most)));
   launch_pdl(kernel, grid, dim3(warps * 32), prefill_smem_bytes<D, kFast, kHalves>(warps), st, a);
@@ -502,11 +502,11 @@ bool launch_attention_prefill(CUstream_st* st, const KVLayerView& kv, const KVPa
   }
   // Wide heads of groups up to 6: head_dim split over warp pairs, as many 16-token tiles as 12
   // warps hold. Otherwise exact: at least 4 warps where the group allows; fast: as many tiles as
-  // 12 warps hold.
-  const bool split = D >= 128 && 2 * r <= max_warps<false, 2>();
+  // the block's warps hold.
+  const bool split = D >= 128 && 2 * r <= max_warps(D, false, 2);
   const int halves = split ? 2 : 1;
-  const int tok_tiles = split    ? std::max(1, max_warps<false, 2>() / (2 * r))
-                        : fast   ? std::max(1, max_warps<true, 1>() / r)
+  const int tok_tiles = split    ? std::max(1, max_warps(D, fast, 2) / (2 * r))
+                        : fast   ? std::max(1, max_warps(D, true, 1) / r)
                         : r >= 4 ? 1
                                  : 4 / r;
   const int tile_tokens = 16 * tok_tiles;
