@@ -311,9 +311,13 @@ __global__ void __launch_bounds__(max_warps(D, kFast, kHalves) * 32, 1)
     }
     l_a = l_a * alpha_a + sum_a;
     l_b = l_b * alpha_b + sum_b;
+    // Once a row's max settles, most tiles leave it (alpha 1): then the warp skips the rescale
+    // of its 64-128 accumulators a thread (the same bits: x * 1 = x).
+    if (__any_sync(0xffffffffu, alpha_a != 1.0f || alpha_b != 1.0f)) {
 #pragma unroll
-    for (int n = 0; n < kDimTiles; ++n) {
-      o[n][0] *= alpha_a, o[n][1] *= alpha_a, o[n][2] *= alpha_b, o[n][3] *= alpha_b;
+      for (int n = 0; n < kDimTiles; ++n) {
+        o[n][0] *= alpha_a, o[n][1] *= alpha_a, o[n][2] *= alpha_b, o[n][3] *= alpha_b;
+      }
     }
     // O += P V, 16 keys per step; P's accumulator layout is the A fragment's.
 #pragma unroll
