@@ -47,6 +47,10 @@ constexpr int max_warps(int D, bool fast, int halves) {
   return halves == 2 || (fast && D <= 128) ? 12 : 8;
 }
 // Named barriers of the warp pairs that split a query tile's head_dim (0 is __syncthreads').
+// Invariant: with pairs, every warp runs every tile (keys past its rows are masked, the same
+// result), so all warps pass the same sequence of barriers. Where pairs skipped the tiles past
+// their rows, racecheck reported WAR hazards on the V stages (7,424 at S29), though a block
+// barrier separates each read from the next copy; with the same sequence everywhere, 0.
 __device__ __forceinline__ void pair_barrier(int pair) {
   asm volatile("bar.sync %0, 64;" ::"r"(pair + 1) : "memory");
 }
@@ -399,7 +403,7 @@ __global__ void __launch_bounds__(max_warps(D, kFast, kHalves) * 32, 1)
       // after the barrier that ends this iteration.
       find_rows(tile + 2);
       const int p0 = tile * kKeys;
-      if (p0 <= warp_kmax) {
+      if (kHalves == 2 || p0 <= warp_kmax) {
         tile_update(p0, k_s + (tile & 1) * kKeys * LD, v_s + (tile & 1) * kKeys * LD);
       }
       __syncthreads();  // the stage is copied into again at the next tile
@@ -430,7 +434,7 @@ __global__ void __launch_bounds__(max_warps(D, kFast, kHalves) * 32, 1)
         store_split4<kFast || kKVExact>(v_s + key * LD + d, kKeys * LD, vx);
       }
       __syncthreads();
-      if (p0 > warp_kmax) continue;  // every key of the tile is past this warp's rows
+      if (kHalves == 1 && p0 > warp_kmax) continue;  // every key is past this warp's rows
       tile_update(p0, k_s, v_s);
     }
   }
