@@ -20,9 +20,9 @@ void add_device_options(CLI::App& cmd, DeviceOptions& opt) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 16));
   cmd.add_option("--prefill-precision", opt.prefill_precision,
-                 "CUDA prefill matmuls (linear layers, attention): exact (F32-accurate, agrees "
-                 "with decode and the CPU) or fast (one F16 pass: about 11 significant bits, "
-                 "a third of the tensor-core work)")
+                 "CUDA prefill matmuls (linear layers, attention, the delta rule's chunks): exact "
+                 "(F32-accurate, agrees with decode and the CPU) or fast (one F16 or TF32 pass: "
+                 "about 11 significant bits, a third of the tensor-core work)")
       ->check(CLI::IsMember({"exact", "fast"}))
       ->capture_default_str();
 }

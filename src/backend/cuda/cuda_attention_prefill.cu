@@ -4,13 +4,15 @@
 // Shape. A block takes one kv head and 16 * TT consecutive tokens of one sequence; its warps are
 // (token tile, query head of the GQA group) pairs, so R query heads share every K/V tile the
 // block loads. Each warp holds the online-softmax state (max, sum, F32 output accumulators) of
-// its 16 rows. Per tile of kKeys keys: the K and V rows are read from the cache, split into F16
-// hi + lo parts in shared memory; S = Q K^T and O += P V run as three F16 products each
-// (hi*hi + hi*lo + lo*hi), about 22 significant bits per operand: prefill then agrees with the
-// F32 decode kernels (and the CPU) to F32 rounding, as the prefill GEMM does (cuda_gemm.cu).
-// PrefillPrecision::kFast (--prefill-precision fast): hi*hi only, one pass per product. Over a
-// BF16 cache K and V are exact in F16 (8 significant bits), so their lo parts are not stored
-// and lo*hi is skipped: two passes per product (a BF16 value below 2^-17 rounds to F16's
+// its 16 rows. For head dims of 128 and 256 at groups up to 6, two warps share each such pair,
+// each with half of head_dim's accumulators (128 of them a thread at 256 held one warp to a
+// scheduler's share of 1.5): twelve warps a block. Per tile of kKeys keys: the K and V rows are
+// read from the cache, split into F16 hi + lo parts in shared memory; S = Q K^T and O += P V run as
+// three F16 products each (hi*hi + hi*lo + lo*hi), about 22 significant bits per operand: prefill
+// then agrees with the F32 decode kernels (and the CPU) to F32 rounding, as the prefill GEMM does
+// (cuda_gemm.cu). PrefillPrecision::kFast (--prefill-precision fast): hi*hi only, one pass per
+// product. Over a BF16 cache K and V are exact in F16 (8 significant bits), so their lo parts are
+// not stored and lo*hi is skipped: two passes per product (a BF16 value below 2^-17 rounds to F16's
 // subnormal spacing, 2^-25 at most, far below the output's F32 rounding at real scales); and
 // their tiles are copied from the cache by cp.async two stages deep, the next tile in flight
 // while this one is computed, then converted to F16 in place.
@@ -23,6 +25,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <type_traits>
 
@@ -33,9 +36,24 @@
 namespace tokenmill::cuda {
 namespace {
 
-constexpr int kKeys = 32;     // keys per tile
-constexpr int kPad = 8;       // F16 padding per shared row: ldmatrix rows hit distinct banks
-constexpr int kMaxWarps = 8;  // per block: R * TT
+constexpr int kKeys = 32;  // keys per tile
+constexpr int kPad = 8;    // F16 padding per shared row: ldmatrix rows hit distinct banks
+// Warps per block (R * TT * halves) at most: 12 with head_dim split over two warps (halves 2:
+// half the output accumulators), or fast up to head_dim 128 (queries without lo parts, so twelve
+// warps' queries and the K/V stages fit in shared memory, and 64 accumulators fit 168 registers
+// a thread); otherwise 8 (128 accumulators a thread at head_dim 256 need more registers). The
+// kernel is bound by each warp's latency, so twelve warps on a multiprocessor instead of six pay.
+constexpr int max_warps(int D, bool fast, int halves) {
+  return halves == 2 || (fast && D <= 128) ? 12 : 8;
+}
+// Named barriers of the warp pairs that split a query tile's head_dim (0 is __syncthreads').
+// Invariant: with pairs, every warp runs every tile (keys past its rows are masked, the same
+// result), so all warps pass the same sequence of barriers. Where pairs skipped the tiles past
+// their rows, racecheck reported WAR hazards on the V stages (7,424 at S29), though a block
+// barrier separates each read from the next copy; with the same sequence everywhere, 0.
+__device__ __forceinline__ void pair_barrier(int pair) {
+  asm volatile("bar.sync %0, 64;" ::"r"(pair + 1) : "memory");
+}
 constexpr int kMaxGroup = 8;  // query heads per kv head
 
 struct PrefillArgs {
@@ -109,13 +127,21 @@ __device__ __forceinline__ void add4(float (&acc)[4], const float (&d)[4]) {
   acc[0] += d[0], acc[1] += d[1], acc[2] += d[2], acc[3] += d[3];
 }
 
-// Shared memory: Q [warps][hi, lo][16][LD], K [hi, lo][kKeys][LD], V likewise (F16, LD = D +
-// kPad), then the cache rows of two tiles' keys. Over a BF16 cache (no lo parts) the K and V
-// regions hold two stages of hi parts instead: [stage][kKeys][LD] each.
-template <int D>
+// Shared memory: Q [warps][hi, lo][16][LD] (fast: [warps][hi][16][LD]), K [hi, lo][kKeys][LD],
+// V likewise (F16, LD = D + kPad), then the cache rows of two tiles' keys. Over a BF16 cache (no
+// lo parts) the K and V regions hold two stages of hi parts instead: [stage][kKeys][LD] each.
+template <bool kFast>
+constexpr int q_rows_per_warp() {
+  return kFast ? 16 : 32;
+}
+// With kHalves 2, a pair of warps shares its query tile's rows, and each warp then has a slot
+// of 16 x 32 floats for its partial scores.
+template <int D, bool kFast, int kHalves>
 constexpr size_t prefill_smem_bytes(int warps) {
-  return (static_cast<size_t>(warps) * 32 + 4 * kKeys) * (D + kPad) * sizeof(__half) +
-         2 * kKeys * sizeof(int64_t);
+  return (static_cast<size_t>(warps / kHalves) * q_rows_per_warp<kFast>() + 4 * kKeys) *
+             (D + kPad) * sizeof(__half) +
+         2 * kKeys * sizeof(int64_t) +
+         (kHalves == 2 ? static_cast<size_t>(warps) * 16 * 32 * sizeof(float) : 0);
 }
 
 // Eight BF16 values (16 bytes) to F16 in place, rounded to nearest (exact in F16's normal range).
@@ -130,18 +156,25 @@ __device__ __forceinline__ void bf16x8_to_f16x8(__half* p) {
   *reinterpret_cast<uint4*>(p) = u;
 }
 
-template <int D, typename T, bool kFast>
-__global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(PrefillArgs a) {
+// kHalves 2: warps 2i and 2i + 1 take query tile i, each half of head_dim: half of Q K^T (the
+// partial scores added through shared memory, so both hold the same sums), the same softmax,
+// and P V for its half of the output.
+template <int D, typename T, bool kFast, int kHalves>
+__global__ void __launch_bounds__(max_warps(D, kFast, kHalves) * 32, 1)
+    attention_prefill_kernel(PrefillArgs a) {
   constexpr int LD = D + kPad;
-  constexpr int kDimTiles = D / 8;                        // n-tiles of the output
+  constexpr int kDH = D / kHalves;                        // this warp's columns of head_dim
+  constexpr int kDimTiles = kDH / 8;                      // n-tiles of the warp's output
   constexpr bool kKVExact = std::is_same_v<T, uint16_t>;  // a BF16 cache: K and V exact in F16
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int s_kmax, s_missing;
   const int warps = static_cast<int>(blockDim.x) >> 5;
   __half* const q_s = reinterpret_cast<__half*>(smem);
-  __half* const k_s = q_s + warps * 32 * LD;
+  constexpr int kQRows = q_rows_per_warp<kFast>();
+  __half* const k_s = q_s + (warps / kHalves) * kQRows * LD;
   __half* const v_s = k_s + 2 * kKeys * LD;
   int64_t* const key_row = reinterpret_cast<int64_t*>(v_s + 2 * kKeys * LD);
+  float* const partial = reinterpret_cast<float*>(key_row + 2 * kKeys);  // [warps][16][32]
   pdl_begin();
 
   // This block's tile: tiles are numbered sequence by sequence.
@@ -161,8 +194,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
   const int kvh = static_cast<int>(blockIdx.y);
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, c = lane & 3;
-  const int h = kvh * a.group + warp % a.group;
-  const int tok0 = t0 + (warp / a.group) * 16;
+  const int half = warp % kHalves, qi = warp / kHalves;  // qi: the warp's query tile and head
+  const int h = kvh * a.group + qi % a.group;
+  const int tok0 = t0 + (qi / a.group) * 16;
   // Rows g and g + 8 of the warp's tile: position (-1: no such token, -2: outside the context,
   // written as NaN); keys past a row's position are masked.
   const auto row_pos = [&](int r) {
@@ -177,10 +211,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
   if (c == 0) atomicMax(&s_kmax, max(pos_a, pos_b));
   const int warp_kmax = __reduce_max_sync(0xffffffffu, max(pos_a, pos_b));
 
-  // The warp's queries, split, into shared memory.
-  __half* const qw = q_s + warp * 32 * LD;
-  for (int i = lane; i < 16 * D / 4; i += 32) {
-    const int r = i / (D / 4), d = (i % (D / 4)) * 4;
+  // The warp's queries (its half of head_dim), split, into shared memory.
+  __half* const qw = q_s + qi * kQRows * LD;
+  for (int i = lane; i < 16 * kDH / 4; i += 32) {
+    const int r = i / (kDH / 4), d = half * kDH + (i % (kDH / 4)) * 4;
     const int t = tok0 + r;
     float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (t < t_end) {
@@ -209,7 +243,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
 #pragma unroll
     for (int n = 0; n < kKeys / 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll 2
-    for (int kd = 0; kd < D / 16; ++kd) {
+    for (int kd = half * (kDH / 16); kd < (half + 1) * (kDH / 16); ++kd) {
       uint32_t qh[4], ql[4] = {};
       const __half* qp = qw + ((mi & 1) * 8 + mr) * LD + kd * 16 + (mi >> 1) * 8;
       ldsm_x4(qh, qp);
@@ -225,6 +259,22 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
         mma3<kFast, kKVExact>(d1, qh, ql, kh[2], kh[3], kl[2], kl[3]);
         add4(sc[2 * nb], d0);
         add4(sc[2 * nb + 1], d1);
+      }
+    }
+    if constexpr (kHalves == 2) {
+      // The pair's partial scores summed: both warps then hold the same (commutative) sums.
+      float* const mine = partial + warp * 16 * 32 + lane;
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[(4 * n + e) * 32] = sc[n][e];
+      }
+      pair_barrier(qi);
+      const float* const other = partial + (warp ^ 1) * 16 * 32 + lane;
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[n][e] += other[(4 * n + e) * 32];
       }
     }
     // Online softmax, base 2. Thread holds keys p0 + 8n + 2c + {0, 1} of rows g (sc[n][0..1])
@@ -265,9 +315,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
     }
     l_a = l_a * alpha_a + sum_a;
     l_b = l_b * alpha_b + sum_b;
+    // Once a row's max settles, most tiles leave it (alpha 1): then the warp skips the rescale
+    // of its 64-128 accumulators a thread (the same bits: x * 1 = x).
+    if (__any_sync(0xffffffffu, alpha_a != 1.0f || alpha_b != 1.0f)) {
 #pragma unroll
-    for (int n = 0; n < kDimTiles; ++n) {
-      o[n][0] *= alpha_a, o[n][1] *= alpha_a, o[n][2] *= alpha_b, o[n][3] *= alpha_b;
+      for (int n = 0; n < kDimTiles; ++n) {
+        o[n][0] *= alpha_a, o[n][1] *= alpha_a, o[n][2] *= alpha_b, o[n][3] *= alpha_b;
+      }
     }
     // O += P V, 16 keys per step; P's accumulator layout is the A fragment's.
 #pragma unroll
@@ -278,9 +332,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
       split_pair(sc[2 * kk + 1][0], sc[2 * kk + 1][1], ph[2], pl[2]);
       split_pair(sc[2 * kk + 1][2], sc[2 * kk + 1][3], ph[3], pl[3]);
 #pragma unroll
-      for (int dn = 0; dn < D / 16; ++dn) {
+      for (int dn = 0; dn < kDH / 16; ++dn) {
         uint32_t vh[4], vl[4] = {};
-        const __half* vp = vs + (kk * 16 + (mi & 1) * 8 + mr) * LD + dn * 16 + (mi >> 1) * 8;
+        const __half* vp =
+            vs + (kk * 16 + (mi & 1) * 8 + mr) * LD + half * kDH + dn * 16 + (mi >> 1) * 8;
         ldsm_x4_trans(vh, vp);
         if constexpr (!kFast && !kKVExact) ldsm_x4_trans(vl, vp + kKeys * LD);
         mma3_acc<kFast, kKVExact>(o[2 * dn], ph, pl, vh[0], vh[1], vl[0], vl[1]);
@@ -348,7 +403,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
       // after the barrier that ends this iteration.
       find_rows(tile + 2);
       const int p0 = tile * kKeys;
-      if (p0 <= warp_kmax) {
+      if (kHalves == 2 || p0 <= warp_kmax) {
         tile_update(p0, k_s + (tile & 1) * kKeys * LD, v_s + (tile & 1) * kKeys * LD);
       }
       __syncthreads();  // the stage is copied into again at the next tile
@@ -379,7 +434,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
         store_split4<kFast || kKVExact>(v_s + key * LD + d, kKeys * LD, vx);
       }
       __syncthreads();
-      if (p0 > warp_kmax) continue;  // every key of the tile is past this warp's rows
+      if (kHalves == 1 && p0 > warp_kmax) continue;  // every key is past this warp's rows
       tile_update(p0, k_s, v_s);
     }
   }
@@ -394,7 +449,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
   const float nan = __int_as_float(0x7fc00000);
   const float inv_a = pos_a == -2 || pos_a >= missing ? nan : 1.0f / l_a;
   const float inv_b = pos_b == -2 || pos_b >= missing ? nan : 1.0f / l_b;
-  float* const out_a = a.out + (static_cast<int64_t>(tok0 + g) * a.heads + h) * D + 2 * c;
+  float* const out_a =
+      a.out + (static_cast<int64_t>(tok0 + g) * a.heads + h) * D + half * kDH + 2 * c;
   float* const out_b = out_a + static_cast<int64_t>(8) * a.heads * D;
 #pragma unroll
   for (int n = 0; n < kDimTiles; ++n) {
@@ -407,30 +463,34 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) attention_prefill_kernel(Pr
   }
 }
 
-template <int D, typename T, bool kFast>
+template <int D, typename T, bool kFast, int kHalves>
 void launch_prefill_d(cudaStream_t st, const PrefillArgs& a, dim3 grid, int warps) {
-  const size_t smem = prefill_smem_bytes<D>(warps);
-  TM_CUDA(cudaFuncSetAttribute(attention_prefill_kernel<D, T, kFast>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(prefill_smem_bytes<D>(kMaxWarps))));
-  launch_pdl(attention_prefill_kernel<D, T, kFast>, grid, dim3(warps * 32), smem, st, a);
+  const auto kernel = attention_prefill_kernel<D, T, kFast, kHalves>;
+  constexpr size_t most = prefill_smem_bytes<D, kFast, kHalves>(max_warps(D, kFast, kHalves));
+  TM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(most)));
+  launch_pdl(kernel, grid, dim3(warps * 32), prefill_smem_bytes<D, kFast, kHalves>(warps), st, a);
   TM_CUDA_LAUNCHED();
 }
 
+// split: head_dim over warp pairs (head dims of 128 and 256 only).
 template <typename T, bool kFast>
-bool launch_prefill_t(cudaStream_t st, const PrefillArgs& a, dim3 grid, int warps, int D) {
+bool launch_prefill_t(cudaStream_t st, const PrefillArgs& a, dim3 grid, int warps, int D,
+                      bool split) {
   switch (D) {
     case 32:
-      launch_prefill_d<32, T, kFast>(st, a, grid, warps);
+      launch_prefill_d<32, T, kFast, 1>(st, a, grid, warps);
       return true;
     case 64:
-      launch_prefill_d<64, T, kFast>(st, a, grid, warps);
+      launch_prefill_d<64, T, kFast, 1>(st, a, grid, warps);
       return true;
     case 128:
-      launch_prefill_d<128, T, kFast>(st, a, grid, warps);
+      split ? launch_prefill_d<128, T, kFast, 2>(st, a, grid, warps)
+            : launch_prefill_d<128, T, kFast, 1>(st, a, grid, warps);
       return true;
     case 256:
-      launch_prefill_d<256, T, kFast>(st, a, grid, warps);
+      split ? launch_prefill_d<256, T, kFast, 2>(st, a, grid, warps)
+            : launch_prefill_d<256, T, kFast, 1>(st, a, grid, warps);
       return true;
     default:
       return false;
@@ -448,20 +508,28 @@ bool launch_attention_prefill(CUstream_st* st, const KVLayerView& kv, const KVPa
       seqs.n_tokens <= 0 || seqs.n_seqs <= 0) {
     return false;
   }
-  const int tok_tiles = r >= 4 ? 1 : 4 / r;  // at least 4 warps where the group allows
+  // Wide heads of groups up to 6: head_dim split over warp pairs, as many 16-token tiles as 12
+  // warps hold. Otherwise exact: at least 4 warps where the group allows; fast: as many tiles as
+  // the block's warps hold.
+  const bool split = D >= 128 && 2 * r <= max_warps(D, false, 2);
+  const int halves = split ? 2 : 1;
+  const int tok_tiles = split    ? std::max(1, max_warps(D, fast, 2) / (2 * r))
+                        : fast   ? std::max(1, max_warps(D, true, 1) / r)
+                        : r >= 4 ? 1
+                                 : 4 / r;
   const int tile_tokens = 16 * tok_tiles;
   PrefillArgs a{kv, pg, seqs, q, out, heads, r, tok_tiles, scale * 1.4426950408889634f};
   // Tiles start at each sequence's first token: at most n_tokens / tile + n_seqs of them.
   const dim3 grid(
       static_cast<unsigned>((seqs.n_tokens + tile_tokens - 1) / tile_tokens + seqs.n_seqs),
       static_cast<unsigned>(kv.kv_heads));
-  const int warps = r * tok_tiles;
+  const int warps = r * tok_tiles * halves;
   if (kv.dtype == DType::BF16) {
-    return fast ? launch_prefill_t<uint16_t, true>(st, a, grid, warps, D)
-                : launch_prefill_t<uint16_t, false>(st, a, grid, warps, D);
+    return fast ? launch_prefill_t<uint16_t, true>(st, a, grid, warps, D, split)
+                : launch_prefill_t<uint16_t, false>(st, a, grid, warps, D, split);
   }
-  return fast ? launch_prefill_t<float, true>(st, a, grid, warps, D)
-              : launch_prefill_t<float, false>(st, a, grid, warps, D);
+  return fast ? launch_prefill_t<float, true>(st, a, grid, warps, D, split)
+              : launch_prefill_t<float, false>(st, a, grid, warps, D, split);
 }
 
 }  // namespace tokenmill::cuda

@@ -162,14 +162,15 @@ void CudaBackend::reserve_step_workspaces(const StepShape& shape) {
   // Any linear of the step may run the GEMM on all its rows.
   grow_workspace(&gemm_x_, &gemm_x_bytes_, gemm_x_bytes(shape.max_tokens, shape.max_linear_cols),
                  "prefill GEMM");
-  // The chunked delta rule's workspace grows with the step's rows, whatever the sequences.
+  // The chunked delta rule's workspace grows with the step's rows and (its per-chunk products)
+  // with its sequences.
   GDNStateView st;
   st.k_heads = shape.gdn_k_heads;
   st.v_heads = shape.gdn_v_heads;
   st.k_dim = shape.gdn_k_dim;
   st.v_dim = shape.gdn_v_dim;
   SeqLayout seqs;
-  seqs.n_seqs = 1;
+  seqs.n_seqs = std::max(1, std::min({shape.max_seqs, shape.max_tokens, 65535}));
   seqs.n_tokens = shape.max_tokens;
   seqs.max_seq_tokens = shape.max_tokens;
   grow_workspace(&gdn_ws_, &gdn_ws_bytes_, gdn_ws_bytes(st, seqs, false), "chunked delta rule");

@@ -66,11 +66,12 @@ int launch_attention_split_tc(CUstream_st* st, const KVLayerView& kv, const KVPa
 // for k_dim 4..128 (a multiple of 4) and v_dim 1..128; 0 for shapes it does not take.
 size_t delta_rule_chunked_ws_floats(const GDNStateView& state, const SeqLayout& seqs);
 // Launches it; false, launching nothing, for a shape it does not take, a workspace shorter than
-// delta_rule_chunked_ws_floats, or q, k or ws not 16-byte aligned.
+// delta_rule_chunked_ws_floats, or q, k or ws not 16-byte aligned. fast: the walk's products in
+// one TF32 pass (PrefillPrecision::kFast) instead of three.
 bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const SeqLayout& seqs,
                                const int32_t* slots, const float* q, const float* k, const float* v,
                                const float* g, const float* beta, float* out, float* ws,
-                               size_t ws_floats);
+                               size_t ws_floats, bool fast);
 
 // pick_tokens' sampled rows and penalize_rows (cuda_pick.cu): the workspace they need (allocated
 // once, zeroed) and the picks it makes (greedy ones always; sampled ones with 1 <= top_k <= 128
@@ -210,9 +211,14 @@ class CudaBackend final : public Backend {
   // for matrices that share x (linear_multi): gemm_split writes x's F16 parts (`parts` of the
   // most any of them takes, gemm_parts) to the workspace once, gemm_split_done multiplies one
   // matrix by them; anything between the two must leave gemm_x_ and gemm_consts_ alone.
+  // gemm_abs_max (op 1: out = silu(x) * y, op 2: x *= sigmoid(y), then) finds the scale
+  // gemm_split uses, so a gate before a GEMM needs no pass of its own (max_done: already found).
   void gemm(const float* x, int64_t n, const cuda::DevMat& m, float* out);
   int gemm_parts(const cuda::DevMat& m) const;
-  void gemm_split(const float* x, int64_t n, int64_t K, int parts);
+  void gemm_abs_max(int op, float* x, const float* y, float* out, int64_t elems);
+  void gemm_split(const float* x, int64_t n, int64_t K, int parts, bool max_done = false);
+  // Whether linear() takes the prefill GEMM at n rows.
+  bool gemm_rows(int64_t n) const;
   void gemm_split_done(int64_t n, const cuda::DevMat& m, int parts, int split_parts, float* out);
   bool gated_q4_linear(const float* x, const float* y, bool sigmoid_gate, int64_t n,
                        const Weight& w, float* out);

@@ -223,6 +223,111 @@ __global__ void gdn_front_kernel(FrontArgs A) {
   if (live && L > 0) sc[0] = h0, sc[1] = h1, sc[2] = h2;
 }
 
+// The GDN front for prefill (kernel 4, many rows a sequence): a warp per (row, head segment),
+// the segments being key head kh's q channels (segment kh), its k channels (Hk + kh) and value
+// head hv's channels (2 Hk + hv); a block is kFrontRows consecutive rows of one segment, so the
+// rows above a row, which its conv reads, are mostly in L1. Lane l takes the segment's channels
+// 4l + 128i: the conv from the three previous inputs (the rows above in its sequence or, before
+// the sequence's first row, its conv state; conv_state_update_kernel advances the states after),
+// SiLU, then for q and k the head's l2norm by a warp sum; a value segment's lane 0 also computes
+// its head's gates for the row. One pass over qkv where the op-by-op form made six (conv, three
+// copies, two norms). Same operation order per value as gdn_front_kernel.
+constexpr int kFrontRows = 8;
+constexpr int kFrontMaxDim = 256;  // 2 float4 a lane
+
+__global__ void __launch_bounds__(32 * kFrontRows) gdn_front_rows_kernel(FrontArgs A) {
+  pdl_begin();
+  const GDNStateView& st = A.st;
+  const int Dk = st.k_dim, Dv = st.v_dim, Hk = st.k_heads, Hv = st.v_heads;
+  const int64_t C = st.channels, qk = static_cast<int64_t>(Hk) * Dk;
+  const int64_t vd = static_cast<int64_t>(Hv) * Dv;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kFrontRows + (threadIdx.x >> 5);
+  if (t >= A.seqs.n_tokens) return;
+  const int seg = static_cast<int>(blockIdx.y);
+  const int kind = seg < Hk ? 0 : seg < 2 * Hk ? 1 : 2;  // q, k, v
+  const int head = kind == 2 ? seg - 2 * Hk : kind == 1 ? seg - Hk : seg;
+  const int D = kind == 2 ? Dv : Dk;
+  const int64_t ch0 = kind == 0 ? head * Dk : kind == 1 ? qk + head * Dk : 2 * qk + head * Dv;
+  // The row's sequence: the last s with cu_seqlens[s] <= t.
+  int lo = 0, hi = A.seqs.n_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (A.seqs.cu_seqlens[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int64_t t0 = A.seqs.cu_seqlens[lo];
+  const float* const state = st.conv + static_cast<int64_t>(A.slots[lo]) * C * 3;
+  float4 y[kFrontMaxDim / 128];
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kFrontMaxDim / 128; ++i) {
+    const int c4 = 4 * lane + 128 * i;
+    y[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (c4 >= D) continue;
+    const int64_t c = ch0 + c4;
+    float4 w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = reinterpret_cast<const float4*>(A.conv_weight + c * 4)[j];
+    // h[d]: the input d rows above row t (d = 0: row t itself), channels c .. c + 3.
+    float4 h[4];
+#pragma unroll
+    for (int d = 0; d < 4; ++d) {
+      const int64_t p = t - d;
+      if (p >= t0) {
+        h[d] = *reinterpret_cast<const float4*>(A.qkv + p * C + c);
+      } else {
+        const float* sc = state + c * 3 + 3 - (t0 - p);  // channel c's slot for row p
+        h[d] = make_float4(sc[0], sc[3], sc[6], sc[9]);
+      }
+    }
+    const float* wf = reinterpret_cast<const float*>(w);
+    float out[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float* hf0 = reinterpret_cast<const float*>(&h[3]);
+      const float* hf1 = reinterpret_cast<const float*>(&h[2]);
+      const float* hf2 = reinterpret_cast<const float*>(&h[1]);
+      const float* hf3 = reinterpret_cast<const float*>(&h[0]);
+      // The order of conv1d_silu_kernel: history oldest first, then the new input.
+      float acc = 0.0f;
+      acc += wf[4 * e] * hf0[e];
+      acc += wf[4 * e + 1] * hf1[e];
+      acc += wf[4 * e + 2] * hf2[e];
+      acc += wf[4 * e + 3] * hf3[e];
+      out[e] = silu_f(acc);
+      ss += out[e] * out[e];
+    }
+    y[i] = make_float4(out[0], out[1], out[2], out[3]);
+  }
+  float scale = 1.0f;
+  if (kind < 2) {
+    ss = warp_sum(ss);
+    scale = (kind == 0 ? 1.0f / sqrtf(static_cast<float>(Dk)) : 1.0f) / sqrtf(ss + 1e-6f);
+  }
+  float* const dst = kind == 0   ? A.q + t * qk + head * Dk
+                     : kind == 1 ? A.k + t * qk + head * Dk
+                                 : A.v + t * vd + static_cast<int64_t>(head) * Dv;
+#pragma unroll
+  for (int i = 0; i < kFrontMaxDim / 128; ++i) {
+    const int c4 = 4 * lane + 128 * i;
+    if (c4 >= D) continue;
+    const float4 v = y[i];
+    *reinterpret_cast<float4*>(dst + c4) =
+        kind < 2 ? make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale) : v;
+  }
+  if (kind == 2 && lane == 0) {
+    const int64_t i = t * Hv + head;
+    const float u = A.a[i] + A.dt_bias[head];
+    const float sp = u > 20.0f ? u : log1pf(expf(u));  // torch's softplus threshold
+    A.g[i] = -expf(A.a_log[head]) * sp;
+    A.beta[i] = sigmoid_f(A.b[i]);
+  }
+}
+
 struct DeltaArgs {
   GDNStateView st;
   SeqLayout seqs;
@@ -498,7 +603,8 @@ void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs
     auto* ws =
         static_cast<float*>(grow_workspace(&gdn_ws_, &gdn_ws_bytes_, bytes, "chunked delta rule"));
     if (cuda::launch_delta_rule_chunked(stream_, st, seqs, slots, q, k, v, g, beta, out, ws,
-                                        bytes / sizeof(float))) {
+                                        bytes / sizeof(float),
+                                        prefill_precision_ == PrefillPrecision::kFast)) {
       return;
     }
   }
@@ -536,9 +642,29 @@ void CudaBackend::gdn_front(const GDNStateView& st, const SeqLayout& seqs, const
   const int r = st.k_heads > 0 ? st.v_heads / st.k_heads : 0;
   const int64_t nch = 2 * int64_t{st.k_dim} + int64_t{r} * st.v_dim;
   // Fused for decode and verify steps; prefill chunks (long sequences, where one block per key
-  // head would walk hundreds of rows) take the op-by-op form.
+  // head would walk hundreds of rows) take gdn_front_rows_kernel, or the op-by-op form.
   const bool fused = st.kernel == 4 && r > 0 && st.v_heads % st.k_heads == 0 && nch <= 1024 &&
                      st.k_heads <= 65535 && seqs.n_seqs <= 65535 && seqs.max_seq_tokens <= 16;
+  const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool rows = !fused && st.kernel == 4 && r > 0 && st.v_heads % st.k_heads == 0 &&
+                    st.k_dim % 4 == 0 && st.v_dim % 4 == 0 && st.k_dim <= cuda::kFrontMaxDim &&
+                    st.v_dim <= cuda::kFrontMaxDim && st.channels % 4 == 0 &&
+                    2 * st.k_heads + st.v_heads <= 65535 && seqs.n_seqs <= 65535 && al(qkv) &&
+                    al(conv_weight) && al(q) && al(k) && al(v);
+  if (rows && seqs.n_tokens > 0) {
+    // Prefill: one pass over the rows, then the conv states.
+    const cuda::FrontArgs fa{st,    seqs,    slots, qkv, conv_weight, a, b,
+                             a_log, dt_bias, q,     k,   v,           g, beta};
+    const dim3 grid(
+        static_cast<unsigned>((seqs.n_tokens + cuda::kFrontRows - 1) / cuda::kFrontRows),
+        static_cast<unsigned>(2 * st.k_heads + st.v_heads));
+    cuda::launch_pdl(cuda::gdn_front_rows_kernel, grid, 32 * cuda::kFrontRows, 0, stream_, fa);
+    TM_CUDA_LAUNCHED();
+    const dim3 sgrid(cuda::blocks_for(st.channels, 128), static_cast<unsigned>(seqs.n_seqs));
+    cuda::launch_pdl(cuda::conv_state_update_kernel, sgrid, 128, 0, stream_, st, seqs, slots, qkv);
+    TM_CUDA_LAUNCHED();
+    return;
+  }
   if (!fused) {
     Backend::gdn_front(st, seqs, slots, qkv, conv_weight, a, b, a_log, dt_bias, conv_out, q, k, v,
                        g, beta);

@@ -5,15 +5,18 @@
 // the CPU's forward substitution V'_r = beta_r (v_r - e^G_r S^T k_r) - sum_{s<r} A_rs V'_s is
 // (I + A) V' = B V - B E K S, so V' = U - W S with
 //   U = (I + A)^-1 B V   and   W = (I + A)^-1 B E K,
-// which do not depend on the state. Two kernels:
-//   prepare (every chunk of every head at once): A and P, then U and W by forward substitution
-//     on their columns (a column per thread, in registers); writes U, W, P and G.
+// which do not depend on the state. Three kernels:
+//   dots (every chunk of every key head at once): k_r.k_s and q_r.k_s, which A and P of the key
+//     head's value heads share;
+//   prepare (every chunk of every value head): A and P from them, then U and W by forward
+//     substitution on their columns (a column per thread, in registers); writes U, W, P and G.
 //   walk (per sequence, value head and kCols state columns, chunk after chunk):
 //     V' = U - W S;  o_r = e^G_r S^T q_r + sum_{s<=r} P_rs V'_s;
 //     S <- e^G_L S + sum_r e^(G_L - G_r) k_r V'_r^T   (L: the chunk's last token).
 // So the part that must run in order is three dense products per chunk; the per-token chains
 // (the substitution) run in parallel over chunks. prepare's arithmetic is F32 on the CUDA
-// cores; walk's products run on the tensor cores with split TF32 operands (F32-accurate, below).
+// cores; walk's products run on the tensor cores with split TF32 operands (F32-accurate, below;
+// PrefillPrecision::kFast: one TF32 pass).
 //
 // Why: the recurrent kernel walks the tokens one at a time (a dot product, two shuffles, an
 // update and another dot product per token): 12 ms per 27B layer at an 8k-token prompt.
@@ -31,10 +34,16 @@ constexpr int kThreads = 256;     // 8 warps, both kernels
 constexpr int kMaxDim = 128;      // k_dim and v_dim at most this
 constexpr int kLdT = kChunk + 4;  // rows of A^T and P: float4-aligned, rows in distinct banks
 
-// Workspace per token row and value head (floats): W [k_dim], U [v_dim], P's row [kChunk], G.
+// Workspace per token row and value head (floats): W [k_dim], U [v_dim], P's row [kChunk], G;
+// and per chunk (at most n_tokens / kChunk + n_seqs of them) and key head the dot products
+// k_r.k_s and q_r.k_s, [kChunk][kChunk] each.
 size_t ws_floats_per_row(const GDNStateView& st) {
   return static_cast<size_t>(st.k_dim) + st.v_dim + kChunk + 1;
 }
+size_t ws_chunk_bound(const SeqLayout& seqs) {
+  return static_cast<size_t>(seqs.n_tokens) / kChunk + static_cast<size_t>(seqs.n_seqs);
+}
+constexpr size_t kDotFloats = 2 * static_cast<size_t>(kChunk) * kChunk;  // a chunk's, a key head
 
 struct ChunkArgs {
   GDNStateView st;
@@ -42,8 +51,8 @@ struct ChunkArgs {
   const int32_t* slots;
   const float *q, *k, *v, *g, *beta;
   float* out;
-  // Workspace, each indexed by (token row, value head): W, U, P, G.
-  float *W, *U, *P, *G;
+  // Workspace, each indexed by (token row, value head): W, U, P, G; KQ by (chunk, key head).
+  float *W, *U, *P, *G, *KQ;
 };
 
 // The chunk a prepare block owns: its sequence's first row (t0), its first row (tc) and its
@@ -62,10 +71,81 @@ __device__ bool find_chunk(const SeqLayout& seqs, int b, int64_t* tc, int* len) 
   return false;
 }
 
-// Shared memory of prepare (floats): k and q rows [kChunk][ld] each (ld = max(k_dim, v_dim) +
-// 4), A^T and P [kChunk][kLdT] each, G and beta [kChunk] each.
+// Shared memory of dots (floats): k and q rows [kChunk][Dk + 4] each.
+size_t dots_smem_floats(int k_dim) {
+  return 2 * static_cast<size_t>(kChunk) * (k_dim + 4);
+}
+
+// Block (chunk, key head): k_r.k_s and q_r.k_s over the chunk's rows (zeros past its length),
+// written as KQ[(chunk * Hk + kh) * kDotFloats + {0, kChunk^2} + r * kChunk + s]. Thread (ti, tj)
+// takes rows ti + 16i and columns tj + 16j (i, j < 4), so the rows a quarter-warp reads for its
+// columns fall in distinct banks; prepare reads its products back with the same mapping.
+__global__ void __launch_bounds__(kThreads, 2) delta_rule_dots_kernel(ChunkArgs a) {
+  pdl_begin();
+  extern __shared__ __align__(16) float sh[];
+  int64_t tc = 0;
+  int L = 0;
+  if (!find_chunk(a.seqs, static_cast<int>(blockIdx.x), &tc, &L)) return;
+  const int kh = blockIdx.y;
+  const int Hk = a.st.k_heads, Dk = a.st.k_dim;
+  const int ld = Dk + 4;
+  float* const K_s = sh;                 // [kChunk][ld]
+  float* const Q_s = K_s + kChunk * ld;  // [kChunk][ld]
+  const int tid = static_cast<int>(threadIdx.x);
+  const int64_t qk_stride = static_cast<int64_t>(Hk) * Dk;
+  const int words = Dk / 4;
+  for (int i = tid; i < kChunk * words; i += kThreads) {
+    const int r = i / words, j = (i % words) * 4;
+    float4 q4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), k4 = q4;
+    if (r < L) {
+      const int64_t at = (tc + r) * qk_stride + static_cast<int64_t>(kh) * Dk + j;
+      q4 = *reinterpret_cast<const float4*>(a.q + at);
+      k4 = *reinterpret_cast<const float4*>(a.k + at);
+    }
+    *reinterpret_cast<float4*>(Q_s + r * ld + j) = q4;
+    *reinterpret_cast<float4*>(K_s + r * ld + j) = k4;
+  }
+  __syncthreads();
+  const int ti = tid / 16, tj = tid % 16;
+  float kk[4][4], qk[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) kk[i][j] = qk[i][j] = 0.0f;
+  }
+  for (int w = 0; w < words; ++w) {
+    float4 kr[4], qr[4], ks[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      kr[i] = reinterpret_cast<const float4*>(K_s + (ti + 16 * i) * ld)[w];
+      qr[i] = reinterpret_cast<const float4*>(Q_s + (ti + 16 * i) * ld)[w];
+      ks[i] = reinterpret_cast<const float4*>(K_s + (tj + 16 * i) * ld)[w];
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        kk[i][j] += kr[i].x * ks[j].x + kr[i].y * ks[j].y + kr[i].z * ks[j].z + kr[i].w * ks[j].w;
+        qk[i][j] += qr[i].x * ks[j].x + qr[i].y * ks[j].y + qr[i].z * ks[j].z + qr[i].w * ks[j].w;
+      }
+    }
+  }
+  float* const out = a.KQ + (static_cast<int64_t>(blockIdx.x) * Hk + kh) * kDotFloats;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int at = (ti + 16 * i) * kChunk + tj + 16 * j;
+      out[at] = kk[i][j];
+      out[kChunk * kChunk + at] = qk[i][j];
+    }
+  }
+}
+
+// Shared memory of prepare (floats): k rows [kChunk][ld] (ld = max(k_dim, v_dim) + 4), A^T and P
+// [kChunk][kLdT] each, G and beta [kChunk] each.
 size_t prepare_smem_floats(int ld) {
-  return 2 * static_cast<size_t>(kChunk) * ld + 2 * static_cast<size_t>(kChunk) * kLdT + 2 * kChunk;
+  return static_cast<size_t>(kChunk) * ld + 2 * static_cast<size_t>(kChunk) * kLdT + 2 * kChunk;
 }
 
 __global__ void __launch_bounds__(kThreads, 2) delta_rule_prepare_kernel(ChunkArgs a) {
@@ -79,23 +159,36 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_prepare_kernel(ChunkAr
   const int kh = h / (Hv / Hk);
   const int ld = (Dk > Dv ? Dk : Dv) + 4;
   float* const K_s = sh;                    // [kChunk][ld]
-  float* const Q_s = K_s + kChunk * ld;     // [kChunk][ld]
-  float* const At_s = Q_s + kChunk * ld;    // [kChunk][kLdT]: At[s][r] = A_rs
+  float* const At_s = K_s + kChunk * ld;    // [kChunk][kLdT]: At[s][r] = A_rs
   float* const P_s = At_s + kChunk * kLdT;  // [kChunk][kLdT]: P[r][s]
   float* const G_s = P_s + kChunk * kLdT;
   float* const b_s = G_s + kChunk;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int64_t qk_stride = static_cast<int64_t>(Hk) * Dk, v_stride = static_cast<int64_t>(Hv) * Dv;
+  // This thread's share of the key head's products (delta_rule_dots_kernel, the same thread
+  // mapping), in flight while k is staged and G summed.
+  const int ti = tid / 16, tj = tid % 16;
+  float kk[4][4], qk[4][4];
+  {
+    const float* const dots = a.KQ + (static_cast<int64_t>(blockIdx.x) * Hk + kh) * kDotFloats;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int at = (ti + 16 * i) * kChunk + tj + 16 * j;
+        kk[i][j] = dots[at];
+        qk[i][j] = dots[kChunk * kChunk + at];
+      }
+    }
+  }
   const int words = Dk / 4;
   for (int i = tid; i < kChunk * words; i += kThreads) {
     const int r = i / words, j = (i % words) * 4;
-    float4 q4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), k4 = q4;
+    float4 k4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (r < L) {
-      const int64_t at = (tc + r) * qk_stride + static_cast<int64_t>(kh) * Dk + j;
-      q4 = *reinterpret_cast<const float4*>(a.q + at);
-      k4 = *reinterpret_cast<const float4*>(a.k + at);
+      k4 = *reinterpret_cast<const float4*>(a.k + (tc + r) * qk_stride +
+                                            static_cast<int64_t>(kh) * Dk + j);
     }
-    *reinterpret_cast<float4*>(Q_s + r * ld + j) = q4;
     *reinterpret_cast<float4*>(K_s + r * ld + j) = k4;
   }
   if (warp == 0) {
@@ -116,33 +209,8 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_prepare_kernel(ChunkAr
   if (tid < kChunk) b_s[tid] = tid < L ? a.beta[(tc + tid) * Hv + h] : 0.0f;
   __syncthreads();
   if (tid < L) a.G[(tc + tid) * Hv + h] = G_s[tid];
-  // A and P: thread (ti, tj) takes rows ti + 16i and columns tj + 16j (i, j < 4), so the rows
-  // a quarter-warp reads for its columns fall in distinct banks.
+  // A and P from the key head's products (loaded above).
   {
-    const int ti = tid / 16, tj = tid % 16;
-    float kk[4][4], qk[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) kk[i][j] = qk[i][j] = 0.0f;
-    }
-    for (int w = 0; w < words; ++w) {
-      float4 kr[4], qr[4], ks[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        kr[i] = reinterpret_cast<const float4*>(K_s + (ti + 16 * i) * ld)[w];
-        qr[i] = reinterpret_cast<const float4*>(Q_s + (ti + 16 * i) * ld)[w];
-        ks[i] = reinterpret_cast<const float4*>(K_s + (tj + 16 * i) * ld)[w];
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          kk[i][j] += kr[i].x * ks[j].x + kr[i].y * ks[j].y + kr[i].z * ks[j].z + kr[i].w * ks[j].w;
-          qk[i][j] += qr[i].x * ks[j].x + qr[i].y * ks[j].y + qr[i].z * ks[j].z + qr[i].w * ks[j].w;
-        }
-      }
-    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = ti + 16 * i;
@@ -215,13 +283,32 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& sma
   small = __float_as_uint(x - __uint_as_float(big));
 }
 
-// An A fragment (4 values) or a B fragment (2) split into big and small parts.
-template <int N>
+__device__ __forceinline__ float round_tf32(float x) {
+  return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+}
+__device__ __forceinline__ float4 round_tf32(float4 v) {
+  return make_float4(round_tf32(v.x), round_tf32(v.y), round_tf32(v.z), round_tf32(v.w));
+}
+
+// How a fragment's values become operands: split into big and small parts (F32-accurate), the
+// big part alone (one pass), or as they are (values already rounded to TF32 when staged).
+enum class Tf32 { kSplit, kRound, kRaw };
+
+// An A fragment (4 values) or a B fragment (2); small only with Tf32::kSplit.
+template <int N, Tf32 M>
 struct Tf32Frag {
   uint32_t big[N], small[N];
   __device__ __forceinline__ explicit Tf32Frag(const float (&v)[N]) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) split_tf32(v[i], big[i], small[i]);
+    for (int i = 0; i < N; ++i) {
+      if constexpr (M == Tf32::kSplit) {
+        split_tf32(v[i], big[i], small[i]);
+      } else if constexpr (M == Tf32::kRound) {
+        big[i] = __float_as_uint(round_tf32(v[i]));
+      } else {
+        big[i] = __float_as_uint(v[i]);
+      }
+    }
   }
 };
 
@@ -234,37 +321,46 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// d += a b with split operands (the small products first).
-__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const Tf32Frag<4>& a,
-                                           const Tf32Frag<2>& b) {
-  mma_tf32(d, a.small, b.big[0], b.big[1]);
-  mma_tf32(d, a.big, b.small[0], b.small[1]);
+// d += a b: with split operands three passes (the small products first); otherwise
+// (PrefillPrecision::kFast) one TF32 pass over the big parts, 11 significant bits per operand
+// as in the fast F16 GEMM.
+template <Tf32 MA, Tf32 MB>
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const Tf32Frag<4, MA>& a,
+                                           const Tf32Frag<2, MB>& b) {
+  static_assert((MA == Tf32::kSplit) == (MB == Tf32::kSplit), "both operands split, or neither");
+  if constexpr (MA == Tf32::kSplit) {
+    mma_tf32(d, a.small, b.big[0], b.big[1]);
+    mma_tf32(d, a.big, b.small[0], b.small[1]);
+  }
   mma_tf32(d, a.big, b.big[0], b.big[1]);
 }
 
 // The A fragment at rows m0 + g (+8), columns k0 + t (+4) of a row-major matrix with row
 // stride ld (lane: g = lane / 4, t = lane % 4).
-__device__ __forceinline__ Tf32Frag<4> load_a(const float* p, int ld, int m0, int k0, int g,
-                                              int t) {
+template <Tf32 M>
+__device__ __forceinline__ Tf32Frag<4, M> load_a(const float* p, int ld, int m0, int k0, int g,
+                                                 int t) {
   const float* r = p + (m0 + g) * ld + k0 + t;
   const float v[4] = {r[0], r[8 * ld], r[4], r[8 * ld + 4]};
-  return Tf32Frag<4>(v);
+  return Tf32Frag<4, M>(v);
 }
 
 // The A fragment of the transpose of a row-major matrix: A[i][r] = p[r * ld + i].
-__device__ __forceinline__ Tf32Frag<4> load_at(const float* p, int ld, int m0, int k0, int g,
-                                               int t) {
+template <Tf32 M>
+__device__ __forceinline__ Tf32Frag<4, M> load_at(const float* p, int ld, int m0, int k0, int g,
+                                                  int t) {
   const float* r = p + (k0 + t) * ld + m0 + g;
   const float v[4] = {r[0], r[8], r[4 * ld], r[4 * ld + 8]};
-  return Tf32Frag<4>(v);
+  return Tf32Frag<4, M>(v);
 }
 
 // The B fragment at rows k0 + t (+4), column n0 + g of a row-major matrix.
-__device__ __forceinline__ Tf32Frag<2> load_b(const float* p, int ld, int k0, int n0, int g,
-                                              int t) {
+template <Tf32 M>
+__device__ __forceinline__ Tf32Frag<2, M> load_b(const float* p, int ld, int k0, int n0, int g,
+                                                 int t) {
   const float* r = p + (k0 + t) * ld + n0 + g;
   const float v[2] = {r[0], r[4 * ld]};
-  return Tf32Frag<2>(v);
+  return Tf32Frag<2, M>(v);
 }
 
 // Shared memory of walk (floats): S slice [kMaxDim][kLdB]; X (W, then e^(G_L-G) k) and Y (e^G
@@ -280,7 +376,19 @@ size_t walk_smem_floats() {
 //      V' = U - W S and of e^G q S (K = Dp);
 //   B: the same tiles of O += P V' (K: the rows up to the tile's last, P being causal);
 //   C: warp w takes state rows 16 w.. of S <- e^G_L S + k'^T V' (K: the chunk's rows).
+// kFast: one TF32 pass, W, e^G q, k', P and V' rounded to TF32 once as they are staged (each is
+// read by several warps), S (kept in F32: the decay multiplies it every chunk) as it is read.
+template <bool kFast>
 __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs a) {
+  constexpr Tf32 kStaged = kFast ? Tf32::kRaw : Tf32::kSplit;
+  constexpr Tf32 kState = kFast ? Tf32::kRound : Tf32::kSplit;
+  const auto staged = [](auto v) {
+    if constexpr (kFast) {
+      return round_tf32(v);
+    } else {
+      return v;
+    }
+  };
   pdl_begin();
   extern __shared__ __align__(16) float sh[];
   const int s = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * kCols;
@@ -325,17 +433,17 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs 
         q4 = make_float4(e * q4.x, e * q4.y, e * q4.z, e * q4.w);
         k4 = make_float4(f * k4.x, f * k4.y, f * k4.z, f * k4.w);
       }
-      kr[n] = k4;
+      kr[n] = staged(k4);
       if (r < kChunk) {
-        *reinterpret_cast<float4*>(X_s + r * kLdA + j) = w4;
-        *reinterpret_cast<float4*>(Y_s + r * kLdA + j) = q4;
+        *reinterpret_cast<float4*>(X_s + r * kLdA + j) = staged(w4);
+        *reinterpret_cast<float4*>(Y_s + r * kLdA + j) = staged(q4);
       }
     }
     for (int i = tid; i < kChunk * (kChunk / 4); i += kThreads) {
       const int r = i / (kChunk / 4), j = (i % (kChunk / 4)) * 4;
       float4 p4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (r < L) p4 = *reinterpret_cast<const float4*>(a.P + ((tc + r) * Hv + h) * kChunk + j);
-      *reinterpret_cast<float4*>(P_s + r * kLdT + j) = p4;
+      *reinterpret_cast<float4*>(P_s + r * kLdT + j) = staged(p4);
     }
     // U at this warp's V' fragments: rows m0 + g (+8), columns 16 nh + 8 n + 2t (+1).
     float u[2][4];
@@ -350,15 +458,22 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs 
     __syncthreads();
     // A: W S and e^G q S.
     float ws[2][4] = {}, ob[2][4] = {};
-    for (int k0 = 0; k0 < Dp; k0 += 8) {
-      const Tf32Frag<4> wa = load_a(X_s, kLdA, m0, k0, g, t);
-      const Tf32Frag<4> qa = load_a(Y_s, kLdA, m0, k0, g, t);
+    const auto step_a = [&](int k0) {
+      const auto wa = load_a<kStaged>(X_s, kLdA, m0, k0, g, t);
+      const auto qa = load_a<kStaged>(Y_s, kLdA, m0, k0, g, t);
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-        const Tf32Frag<2> sb = load_b(S_s, kLdB, k0, 16 * nh + 8 * n, g, t);
+        const auto sb = load_b<kState>(S_s, kLdB, k0, 16 * nh + 8 * n, g, t);
         mma_3xtf32(ws[n], wa, sb);
         mma_3xtf32(ob[n], qa, sb);
       }
+    };
+    if constexpr (kFast) {
+      // Left to itself the compiler hoists more of the cheaper loads than 128 registers hold.
+#pragma unroll 2
+      for (int k0 = 0; k0 < Dp; k0 += 8) step_a(k0);
+    } else {
+      for (int k0 = 0; k0 < Dp; k0 += 8) step_a(k0);
     }
     __syncthreads();  // X and Y are read: V' goes into Y, k' into X
     float* const V_s = Y_s;
@@ -366,9 +481,9 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs 
     for (int n = 0; n < 2; ++n) {
       const int c = 16 * nh + 8 * n + 2 * t;
       *reinterpret_cast<float2*>(V_s + (m0 + g) * kLdB + c) =
-          make_float2(u[n][0] - ws[n][0], u[n][1] - ws[n][1]);
+          make_float2(staged(u[n][0] - ws[n][0]), staged(u[n][1] - ws[n][1]));
       *reinterpret_cast<float2*>(V_s + (m0 + g + 8) * kLdB + c) =
-          make_float2(u[n][2] - ws[n][2], u[n][3] - ws[n][3]);
+          make_float2(staged(u[n][2] - ws[n][2]), staged(u[n][3] - ws[n][3]));
     }
 #pragma unroll
     for (int n = 0; n < kItems; ++n) {
@@ -379,10 +494,10 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs 
     __syncthreads();
     // B: o_r = e^G_r S^T q_r + sum_{s<=r} P_rs V'_s (P is zero above the diagonal).
     for (int k0 = 0; k0 < m0 + 16 && k0 < L; k0 += 8) {
-      const Tf32Frag<4> pa = load_a(P_s, kLdT, m0, k0, g, t);
+      const auto pa = load_a<kStaged>(P_s, kLdT, m0, k0, g, t);
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-        mma_3xtf32(ob[n], pa, load_b(V_s, kLdB, k0, 16 * nh + 8 * n, g, t));
+        mma_3xtf32(ob[n], pa, load_b<kStaged>(V_s, kLdB, k0, 16 * nh + 8 * n, g, t));
       }
     }
 #pragma unroll
@@ -407,9 +522,10 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs 
         }
       }
       for (int k0 = 0; k0 < L; k0 += 8) {
-        const Tf32Frag<4> ka = load_at(X_s, kLdA, i0, k0, g, t);
+        const auto ka = load_at<kStaged>(X_s, kLdA, i0, k0, g, t);
 #pragma unroll
-        for (int n = 0; n < 4; ++n) mma_3xtf32(acc[n], ka, load_b(V_s, kLdB, k0, 8 * n, g, t));
+        for (int n = 0; n < 4; ++n)
+          mma_3xtf32(acc[n], ka, load_b<kStaged>(V_s, kLdB, k0, 8 * n, g, t));
       }
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
@@ -435,13 +551,14 @@ size_t delta_rule_chunked_ws_floats(const GDNStateView& st, const SeqLayout& seq
       seqs.n_seqs > 65535 || st.v_heads > 65535) {
     return 0;
   }
-  return static_cast<size_t>(seqs.n_tokens) * st.v_heads * ws_floats_per_row(st);
+  return static_cast<size_t>(seqs.n_tokens) * st.v_heads * ws_floats_per_row(st) +
+         ws_chunk_bound(seqs) * st.k_heads * kDotFloats;
 }
 
 bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const SeqLayout& seqs,
                                const int32_t* slots, const float* q, const float* k, const float* v,
                                const float* g, const float* beta, float* out, float* ws,
-                               size_t ws_floats) {
+                               size_t ws_floats, bool fast) {
   const size_t need = delta_rule_chunked_ws_floats(state, seqs);
   if (need == 0 || ws_floats < need || reinterpret_cast<uintptr_t>(q) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(k) % 16 != 0 || reinterpret_cast<uintptr_t>(ws) % 16 != 0) {
@@ -449,28 +566,37 @@ bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const
   }
   const int Dk = state.k_dim, Dv = state.v_dim;
   const size_t rows = static_cast<size_t>(seqs.n_tokens) * state.v_heads;
-  // W and U first (both multiples of 4 floats per row when k_dim is), P's 64-float rows, G.
+  // W, P's 64-float rows and the dot products first (multiples of 4 floats when k_dim is), then
+  // U and G.
   float* W = ws;
   float* P = W + rows * Dk;
-  float* U = P + rows * kChunk;
+  float* KQ = P + rows * kChunk;
+  float* U = KQ + ws_chunk_bound(seqs) * state.k_heads * kDotFloats;
   float* G = U + rows * Dv;
-  const ChunkArgs a{state, seqs, slots, q, k, v, g, beta, out, W, U, P, G};
+  const ChunkArgs a{state, seqs, slots, q, k, v, g, beta, out, W, U, P, G, KQ};
   const int ld = (Dk > Dv ? Dk : Dv) + 4;
   const size_t prep_smem = prepare_smem_floats(ld) * sizeof(float);
   const size_t walk_smem = walk_smem_floats() * sizeof(float);
+  const size_t dots_smem = dots_smem_floats(Dk) * sizeof(float);
+  TM_CUDA(cudaFuncSetAttribute(delta_rule_dots_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(dots_smem_floats(kMaxDim) * sizeof(float))));
   TM_CUDA(cudaFuncSetAttribute(delta_rule_prepare_kernel,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(prepare_smem_floats(kMaxDim + 4) * sizeof(float))));
-  TM_CUDA(cudaFuncSetAttribute(delta_rule_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  const auto walk = fast ? delta_rule_walk_kernel<true> : delta_rule_walk_kernel<false>;
+  TM_CUDA(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(walk_smem)));
   // At most n_tokens / kChunk + n_seqs chunks; blocks past the last chunk return at once.
-  const unsigned chunks = static_cast<unsigned>(seqs.n_tokens / kChunk + seqs.n_seqs);
+  const unsigned chunks = static_cast<unsigned>(ws_chunk_bound(seqs));
+  launch_pdl(delta_rule_dots_kernel, dim3(chunks, static_cast<unsigned>(state.k_heads)),
+             dim3(kThreads), dots_smem, st, a);
+  TM_CUDA_LAUNCHED();
   launch_pdl(delta_rule_prepare_kernel, dim3(chunks, static_cast<unsigned>(state.v_heads)),
              dim3(kThreads), prep_smem, st, a);
   TM_CUDA_LAUNCHED();
   const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(state.v_heads),
                   static_cast<unsigned>((Dv + kCols - 1) / kCols));
-  launch_pdl(delta_rule_walk_kernel, grid, dim3(kThreads), walk_smem, st, a);
+  launch_pdl(walk, grid, dim3(kThreads), walk_smem, st, a);
   TM_CUDA_LAUNCHED();
   return true;
 }

@@ -75,13 +75,25 @@ __global__ void dequant_f16_kernel(DevMat m, int64_t r0, int64_t rows, int parts
   }
 }
 
-__global__ void abs_max_kernel(const float* __restrict__ x, int64_t n,
+// The largest |v| over n values into max_bits (atomicMax), v = x (OP 0), silu(x) * y written
+// to out (OP 1: the gated MLP's down-projection input) or x * sigmoid(y) written to x (OP 2:
+// gated attention's output), so a gate and the GEMM's scale cost one pass over the values.
+template <int OP>
+__global__ void abs_max_kernel(float* x, const float* __restrict__ y, float* out, int64_t n,
                                unsigned* __restrict__ max_bits) {
   __shared__ float red[32];
   float m = 0.0f;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    m = fmaxf(m, fabsf(x[i]));
+    float v = x[i];
+    if constexpr (OP == 1) {
+      v = silu_f(v) * y[i];
+      out[i] = v;
+    } else if constexpr (OP == 2) {
+      v *= sigmoid_f(y[i]);
+      x[i] = v;
+    }
+    m = fmaxf(m, fabsf(v));
   }
   m = block_max(m, red);
   // Non-negative floats order like their bit patterns.
@@ -188,17 +200,27 @@ int CudaBackend::gemm_parts(const cuda::DevMat& m) const {
   return prefill_precision_ == PrefillPrecision::kFast ? 1 : exact_in_f16 ? 2 : 3;
 }
 
-void CudaBackend::gemm_split(const float* x, int64_t n, int64_t K, int parts) {
-  grow_workspace(&gemm_x_, &gemm_x_bytes_, static_cast<size_t>(n * K * parts) * sizeof(__half),
-                 "prefill GEMM");
+void CudaBackend::gemm_abs_max(int op, float* x, const float* y, float* out, int64_t elems) {
   auto* max_bits = reinterpret_cast<unsigned*>(gemm_consts_ + kGemmMaxBitsSlot);
   TM_CUDA(cudaMemsetAsync(max_bits, 0, sizeof(unsigned), stream_));
   const int threads = 256;
-  const int64_t elems = n * K;
-  const auto grid_max =
-      static_cast<unsigned>(std::min<int64_t>((elems + threads - 1) / threads, 1024));
-  cuda::abs_max_kernel<<<grid_max, threads, 0, stream_>>>(x, elems, max_bits);
+  const auto grid = static_cast<unsigned>(std::min<int64_t>((elems + threads - 1) / threads, 1024));
+  if (op == 1) {
+    cuda::abs_max_kernel<1><<<grid, threads, 0, stream_>>>(x, y, out, elems, max_bits);
+  } else if (op == 2) {
+    cuda::abs_max_kernel<2><<<grid, threads, 0, stream_>>>(x, y, out, elems, max_bits);
+  } else {
+    cuda::abs_max_kernel<0><<<grid, threads, 0, stream_>>>(x, y, out, elems, max_bits);
+  }
   TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::gemm_split(const float* x, int64_t n, int64_t K, int parts, bool max_done) {
+  grow_workspace(&gemm_x_, &gemm_x_bytes_, static_cast<size_t>(n * K * parts) * sizeof(__half),
+                 "prefill GEMM");
+  auto* max_bits = reinterpret_cast<unsigned*>(gemm_consts_ + kGemmMaxBitsSlot);
+  const int threads = 256;
+  if (!max_done) gemm_abs_max(0, const_cast<float*>(x), nullptr, nullptr, n * K);
   auto* xs = static_cast<__half*>(gemm_x_);
   const bool vec = K % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const dim3 grid(cuda::blocks_for(vec ? K / 4 : K, threads),

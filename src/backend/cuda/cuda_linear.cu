@@ -374,16 +374,35 @@ bool CudaBackend::gated_q4_linear(const float* x, const float* y, bool sigmoid_g
   return true;
 }
 
+bool CudaBackend::gemm_rows(int64_t n) const {
+  return n > cuda::kQ4GemvMaxRows && n > kGemvMaxRows;
+}
+
+// Prefill (the GEMM path): the gate's pass also finds the GEMM's activation scale.
 void CudaBackend::silu_mul_linear(const float* gate, const float* up, int64_t n, const Weight& w,
                                   float* out, float* act) {
-  if (!gated_q4_linear(gate, up, false, n, w, out)) {
+  if (gemm_rows(n) && !w.experts) {
+    const DevMat m = cuda::make_devmat(w, 0);
+    const int parts = gemm_parts(m);
+    gemm_abs_max(1, const_cast<float*>(gate), up, act, n * m.cols);
+    gemm_split(act, n, m.cols, parts, true);
+    gemm_split_done(n, m, parts, parts, out);
+  } else if (!gated_q4_linear(gate, up, false, n, w, out)) {
     Backend::silu_mul_linear(gate, up, n, w, out, act);
   }
 }
 
 void CudaBackend::sigmoid_mul_linear(float* x, const float* gate, int64_t n, const Weight& w,
                                      float* out) {
-  if (!gated_q4_linear(x, gate, true, n, w, out)) Backend::sigmoid_mul_linear(x, gate, n, w, out);
+  if (gemm_rows(n) && !w.experts) {
+    const DevMat m = cuda::make_devmat(w, 0);
+    const int parts = gemm_parts(m);
+    gemm_abs_max(2, x, gate, nullptr, n * m.cols);
+    gemm_split(x, n, m.cols, parts, true);
+    gemm_split_done(n, m, parts, parts, out);
+  } else if (!gated_q4_linear(x, gate, true, n, w, out)) {
+    Backend::sigmoid_mul_linear(x, gate, n, w, out);
+  }
 }
 
 void CudaBackend::linear_multi(const float* x, int64_t n, const Weight* const* ws,
@@ -393,7 +412,7 @@ void CudaBackend::linear_multi(const float* x, int64_t n, const Weight* const* w
   // type (e.g. a MoE layer's bf16 router and shared gate, and its 4-bit shared gate and up);
   // anything without a fast kernel at this n goes through linear().
   TM_CUDA_REQUIRE(count <= 16, "linear_multi: at most 16 matrices");
-  if (n > cuda::kQ4GemvMaxRows && n > kGemvMaxRows) {
+  if (gemm_rows(n)) {
     // Prefill: every matrix takes the GEMM (as linear() would), all from one split of x into
     // the most F16 parts any of them needs.
     DevMat ms[16];

@@ -213,8 +213,9 @@ TEST_F(CudaAttention, Bf16CacheMatchesCpu) {
 
 // Prefill rows (the tensor-core kernel): three sequences, one starting fresh with 200 tokens,
 // one adding 77 after 45 cached, one adding a single token after 130; GQA groups of 1, 2, 6
-// and 8, head_dim 32 to 256, F32 and BF16 caches; against the CPU over the same cache. The
-// same with PrefillPrecision::kFast, within F16's error.
+// and 8, head_dim 32 to 256 (128 and 256 split over warp pairs up to groups of 6), F32 and
+// BF16 caches; against the CPU over the same cache. The same with PrefillPrecision::kFast,
+// within F16's error.
 TEST_F(CudaAttention, PrefillMatchesCpu) {
   Rng rng(27);
   std::unique_ptr<Backend> fast = make_cuda_backend(0, PrefillPrecision::kFast);
@@ -224,7 +225,8 @@ TEST_F(CudaAttention, PrefillMatchesCpu) {
   };
   for (Geo geo :
        {Geo{256, 12, 2, DType::F32}, Geo{128, 16, 2, DType::F32}, Geo{64, 2, 2, DType::BF16},
-        Geo{32, 4, 2, DType::F32}, Geo{256, 4, 2, DType::BF16}}) {
+        Geo{32, 4, 2, DType::F32}, Geo{256, 4, 2, DType::BF16}, Geo{256, 12, 2, DType::BF16},
+        Geo{128, 8, 2, DType::BF16}}) {
     const int D = geo.D, heads = geo.heads, block_size = 16, max_blocks = 20, S = 3;
     const int64_t row = int64_t{geo.kv_heads} * D;
     const size_t cache_n = static_cast<size_t>(S) * max_blocks * block_size * row;
@@ -457,9 +459,12 @@ TEST_F(CudaGdn, DeltaRuleContinuesStateWithStepStates) {
 
 // Prefill-length sequences: the chunked delta rule on both sides (the CPU's for sequences of 64
 // rows and more; CUDA's for the whole call), with partial chunks, a one-token sequence in the
-// same call, a partial column block (Dv 48) and two calls continuing the state.
+// same call, a partial column block (Dv 48) and two calls continuing the state. The same with
+// PrefillPrecision::kFast (one TF32 pass for the walk's products), on a state of its own, within
+// TF32's error.
 TEST_F(CudaGdn, DeltaRuleChunkedMatchesCpu) {
   Rng rng(28);
+  std::unique_ptr<Backend> fast = make_cuda_backend(0, PrefillPrecision::kFast);
   struct Dims {
     int Dk, Dv;
   };
@@ -474,6 +479,7 @@ TEST_F(CudaGdn, DeltaRuleChunkedMatchesCpu) {
     std::vector<float> ssm = rng.normals(static_cast<size_t>(slots_n * Hv * ssz), 0.1f);
     const std::vector<int32_t> slots = {2, 0, 3, 1};
     float* dssm = up(ssm);
+    float* fssm = up(ssm);
     int call = 0;
     for (const std::vector<int>& lens :
          {std::vector<int>{130, 64, 1, 200}, std::vector<int>{65, 3, 128, 70}}) {
@@ -501,19 +507,33 @@ TEST_F(CudaGdn, DeltaRuleChunkedMatchesCpu) {
       dseqs.cu_seqlens = up(cu);
       dseqs.positions = up(positions);
       float* dout = poisoned(v.size());
-      gpu->gated_delta_rule(dst, dseqs, up(slots), up(q), up(k), up(v), up(g), up(beta), dout,
-                            nullptr);
+      int32_t* dslots = up(slots);
+      float *dq = up(q), *dk = up(k), *dv = up(v), *dg = up(g), *dbeta = up(beta);
+      gpu->gated_delta_rule(dst, dseqs, dslots, dq, dk, dv, dg, dbeta, dout, nullptr);
       const std::string d = " Dk=" + std::to_string(dm.Dk) + " Dv=" + std::to_string(dm.Dv) +
                             " call " + std::to_string(call);
-      expect_close(down(dout, v.size()), want, 1e-4, "chunked delta rule out" + d);
+      const double exact_err =
+          1e-4 * expect_close(down(dout, v.size()), want, 1e-4, "chunked delta rule out" + d);
       expect_close(down(dssm, ssm.size()), ssm, 1e-4, "chunked delta rule state" + d);
+      GDNStateView fst = dst;
+      fst.ssm = fssm;
+      float* fout = poisoned(v.size());
+      gpu->synchronize();
+      fast->gated_delta_rule(fst, dseqs, dslots, dq, dk, dv, dg, dbeta, fout, nullptr);
+      fast->synchronize();
+      const double fast_err =
+          2e-2 * expect_close(down(fout, v.size()), want, 2e-2, "fast chunked delta rule out" + d);
+      expect_close(down(fssm, ssm.size()), ssm, 2e-2, "fast chunked delta rule state" + d);
+      // One TF32 pass errs about 2^-12 a product, the split passes 2^-21.
+      EXPECT_GT(fast_err, 8 * exact_err) << "fast" << d << ": as exact, so the split walk ran";
       ++call;
     }
   }
 }
 
-// gdn_front: fused on CUDA for decode and verify steps (kernel 4, <= 16 rows per sequence),
-// op by op otherwise; both against the CPU's op-by-op form, including the conv state.
+// gdn_front: fused on CUDA for decode and verify steps (kernel 4, <= 16 rows per sequence), a
+// pass over the rows for longer ones (kernel 4), op by op otherwise; each against the CPU's
+// op-by-op form, including the conv state.
 TEST_F(CudaGdn, FrontMatchesCpu) {
   Rng rng(24);
   struct Geo {
@@ -535,7 +555,10 @@ TEST_F(CudaGdn, FrontMatchesCpu) {
     std::vector<float> dt_bias = rng.normals(static_cast<size_t>(geo.Hv), 0.5f);
     const std::vector<int32_t> slots = {2, 0};
     float* dconv = up(conv);
-    for (const std::vector<int>& lens : {std::vector<int>{1, 2}, std::vector<int>{1, 20}}) {
+    // {1, 20} and {5, 43}: the prefill form (a warp a row and head segment, 8 rows a block),
+    // sequences starting inside a block, rows that reach into the conv state.
+    for (const std::vector<int>& lens :
+         {std::vector<int>{1, 2}, std::vector<int>{1, 20}, std::vector<int>{5, 43}}) {
       const std::vector<int32_t> cu = {0, lens[0], lens[0] + lens[1]};
       const int T = cu[2];
       std::vector<int32_t> positions(static_cast<size_t>(T), 0);

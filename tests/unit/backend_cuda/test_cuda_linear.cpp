@@ -290,7 +290,8 @@ TEST_F(CudaLinear, SiluMulLinearMatchesCpu) {
   rebind(ws);
   for (size_t wi = 0; wi < ws.size(); ++wi) {
     const Weight dw = gpu->upload_weight(ws[wi].w);
-    for (int64_t n : {1, 2, 4, 5, 17}) {
+    // 100 rows: the prefill GEMM, the gate applied in the pass that finds its scale.
+    for (int64_t n : {1, 2, 4, 5, 17, 100}) {
       const std::vector<float> gate = rng.normals(static_cast<size_t>(n * I), 2.0f),
                                upv = rng.normals(static_cast<size_t>(n * I));
       std::vector<float> act(gate.size()), want(static_cast<size_t>(n * H));
