@@ -79,24 +79,63 @@ __global__ void dequant_f16_kernel(DevMat m, int64_t r0, int64_t rows, int parts
 // to out (OP 1: the gated MLP's down-projection input) or x * sigmoid(y) written to x (OP 2:
 // gated attention's output), so a gate and the GEMM's scale cost one pass over the values.
 template <int OP>
+__device__ __forceinline__ float gate_value(float x, float y) {
+  if constexpr (OP == 1) return silu_f(x) * y;
+  if constexpr (OP == 2) return x * sigmoid_f(y);
+  return x;
+}
+template <int OP>
 __global__ void abs_max_kernel(float* x, const float* __restrict__ y, float* out, int64_t n,
                                unsigned* __restrict__ max_bits) {
   __shared__ float red[32];
   float m = 0.0f;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float v = x[i];
-    if constexpr (OP == 1) {
-      v = silu_f(v) * y[i];
-      out[i] = v;
-    } else if constexpr (OP == 2) {
-      v *= sigmoid_f(y[i]);
-      x[i] = v;
-    }
+    const float v = gate_value<OP>(x[i], OP ? y[i] : 0.0f);
+    if constexpr (OP == 1) out[i] = v;
+    if constexpr (OP == 2) x[i] = v;
     m = fmaxf(m, fabsf(v));
   }
   m = block_max(m, red);
   // Non-negative floats order like their bit patterns.
+  if (threadIdx.x == 0) atomicMax(max_bits, __float_as_uint(m));
+}
+// The same over n4 float4s (x, y, out 16-byte aligned), kUnroll of them loaded before any is
+// used: the scalar loop kept one or two 4-byte loads in flight a thread, and the SiLU gate of
+// an 8k-token MLP (three 570 MB streams) ran at 1.7 TB/s (S29).
+template <int OP>
+__global__ void abs_max_vec_kernel(float4* x, const float4* __restrict__ y, float4* out, int64_t n4,
+                                   unsigned* __restrict__ max_bits) {
+  constexpr int kUnroll = 4;
+  __shared__ float red[32];
+  float m = 0.0f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i0 < n4;
+       i0 += kUnroll * stride) {
+    float4 a[kUnroll], b[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = i0 + u * stride;
+      if (i < n4) {
+        a[u] = x[i];
+        if constexpr (OP != 0) b[u] = y[i];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = i0 + u * stride;
+      if (i >= n4) break;
+      float4 v = a[u];
+      if constexpr (OP != 0) {
+        v = make_float4(gate_value<OP>(v.x, b[u].x), gate_value<OP>(v.y, b[u].y),
+                        gate_value<OP>(v.z, b[u].z), gate_value<OP>(v.w, b[u].w));
+      }
+      if constexpr (OP == 1) out[i] = v;
+      if constexpr (OP == 2) x[i] = v;
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+  }
+  m = block_max(m, red);
   if (threadIdx.x == 0) atomicMax(max_bits, __float_as_uint(m));
 }
 
@@ -204,6 +243,23 @@ void CudaBackend::gemm_abs_max(int op, float* x, const float* y, float* out, int
   auto* max_bits = reinterpret_cast<unsigned*>(gemm_consts_ + kGemmMaxBitsSlot);
   TM_CUDA(cudaMemsetAsync(max_bits, 0, sizeof(unsigned), stream_));
   const int threads = 256;
+  const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (elems % 4 == 0 && al(x) && al(y) && al(out)) {
+    const int64_t n4 = elems / 4;
+    const auto grid = static_cast<unsigned>(std::min<int64_t>((n4 + threads - 1) / threads, 1024));
+    auto* x4 = reinterpret_cast<float4*>(x);
+    const auto* y4 = reinterpret_cast<const float4*>(y);
+    auto* o4 = reinterpret_cast<float4*>(out);
+    if (op == 1) {
+      cuda::abs_max_vec_kernel<1><<<grid, threads, 0, stream_>>>(x4, y4, o4, n4, max_bits);
+    } else if (op == 2) {
+      cuda::abs_max_vec_kernel<2><<<grid, threads, 0, stream_>>>(x4, y4, o4, n4, max_bits);
+    } else {
+      cuda::abs_max_vec_kernel<0><<<grid, threads, 0, stream_>>>(x4, y4, o4, n4, max_bits);
+    }
+    TM_CUDA_LAUNCHED();
+    return;
+  }
   const auto grid = static_cast<unsigned>(std::min<int64_t>((elems + threads - 1) / threads, 1024));
   if (op == 1) {
     cuda::abs_max_kernel<1><<<grid, threads, 0, stream_>>>(x, y, out, elems, max_bits);

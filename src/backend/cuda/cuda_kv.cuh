@@ -36,6 +36,16 @@ __device__ __forceinline__ void kv_store(float* p, int64_t i, float x) {
 __device__ __forceinline__ void kv_store(uint16_t* p, int64_t i, float x) {
   p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
 }
+// Four consecutive elements to a 16-byte (F32) or 8-byte (BF16) aligned address.
+__device__ __forceinline__ void kv_store4(float* p, float4 x) {
+  *reinterpret_cast<float4*>(p) = x;
+}
+__device__ __forceinline__ void kv_store4(uint16_t* p, float4 x) {
+  const auto b = [](float f) {
+    return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(f)));
+  };
+  *reinterpret_cast<uint2*>(p) = make_uint2(b(x.x) | b(x.y) << 16, b(x.z) | b(x.w) << 16);
+}
 // Four consecutive elements from a 16-byte (F32) or 8-byte (BF16) aligned address.
 __device__ __forceinline__ float4 kv_load4(const float* p) {
   return *reinterpret_cast<const float4*>(p);

@@ -286,8 +286,8 @@ TEST_F(CudaAttention, PrefillMatchesCpu) {
 }
 
 // attention_front, fused on CUDA: gated and plain q_proj rows, partial and full rotation,
-// tokens of two sequences at scattered positions; q, gate, k and both caches against the CPU's
-// op-by-op form (the v cache exactly: copies).
+// tokens of two sequences at scattered positions (one token, then 20); q, gate, k and both
+// caches against the CPU's op-by-op form (the v cache exactly: copies).
 TEST_F(CudaAttention, FrontMatchesCpu) {
   Rng rng(25);
   struct Geo {
@@ -306,8 +306,12 @@ TEST_F(CudaAttention, FrontMatchesCpu) {
       tables[static_cast<size_t>(b)] = 2 * b + 1;
       tables[static_cast<size_t>(max_blocks + b)] = 2 * b;
     }
-    const std::vector<int32_t> cu = {0, 1, 4}, positions = {37, 5, 6, 100}, ctx = {38, 101};
-    const int T = 4;
+    // 21 tokens: three blocks of the warp-per-row form (8 tokens a block), the last partial.
+    const std::vector<int32_t> cu = {0, 1, 21}, ctx = {38, 101};
+    std::vector<int32_t> positions = {37};
+    for (int i = 0; i < 19; ++i) positions.push_back(5 + 3 * i);
+    positions.push_back(100);
+    const int T = 21;
     const int64_t qp_cols = int64_t{heads} * D * (geo.gated ? 2 : 1);
     const size_t nq = static_cast<size_t>(T) * heads * D;
     std::vector<float> qp = rng.normals(static_cast<size_t>(T * qp_cols), 3.0f);
@@ -315,7 +319,7 @@ TEST_F(CudaAttention, FrontMatchesCpu) {
     std::vector<float> v = rng.normals(k.size());
     std::vector<float> qn = rng.normals(static_cast<size_t>(D), 0.5f);
     std::vector<float> kn = rng.normals(static_cast<size_t>(D), 0.5f);
-    SeqLayout seqs{2, T, cu.data(), positions.data(), 3};
+    SeqLayout seqs{2, T, cu.data(), positions.data(), 20};
     KVPaging pg{tables.data(), max_blocks, ctx.data(), 101};
     KVLayerView kv{kc.data(), vc.data(), block_size, kv_heads, D};
     // Plain rows are normalised in place (qp is q); gated rows are split into q and gate.
@@ -555,10 +559,11 @@ TEST_F(CudaGdn, FrontMatchesCpu) {
     std::vector<float> dt_bias = rng.normals(static_cast<size_t>(geo.Hv), 0.5f);
     const std::vector<int32_t> slots = {2, 0};
     float* dconv = up(conv);
-    // {1, 20} and {5, 43}: the prefill form (a warp a row and head segment, 8 rows a block),
-    // sequences starting inside a block, rows that reach into the conv state.
-    for (const std::vector<int>& lens :
-         {std::vector<int>{1, 2}, std::vector<int>{1, 20}, std::vector<int>{5, 43}}) {
+    // {1, 20}, {5, 43} and {37, 70}: the prefill form (a warp a row and head segment, 8 rows a
+    // block), sequences starting inside a block, rows that reach into the conv state, many
+    // blocks.
+    for (const std::vector<int>& lens : {std::vector<int>{1, 2}, std::vector<int>{1, 20},
+                                         std::vector<int>{5, 43}, std::vector<int>{37, 70}}) {
       const std::vector<int32_t> cu = {0, lens[0], lens[0] + lens[1]};
       const int T = cu[2];
       std::vector<int32_t> positions(static_cast<size_t>(T), 0);

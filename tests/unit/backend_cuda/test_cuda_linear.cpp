@@ -84,6 +84,21 @@ TEST_F(CudaLinear, LargeShapes) {
   check(fw, {4, 129}, 0, "bf16 515x768");
 }
 
+// Prefill rows (the GEMM path) over 4-bit weights in the tile layout: every group size, rows
+// that leave a partial 16-row tile, and a matrix whose F16 parts take two workspace slabs (the
+// second starting at row 3,008; the three exact parts of 8,192 columns are 48 KB a row).
+TEST_F(CudaLinear, GemmOfTiledQ4EveryGroupAndSlab) {
+  Rng rng(15);
+  for (int group : {32, 64, 128}) {
+    HostWeight hw = affine_weight(rng, 4, group, DType::BF16, 1007, 512, 0);
+    check(hw, {65, 100}, 0, "q4g" + std::to_string(group) + " 1007x512");
+  }
+  HostWeight f32s = affine_weight(rng, 4, 64, DType::F32, 77, 256, 0);
+  check(f32s, {100}, 0, "q4g64 f32 scales 77x256");
+  HostWeight big = affine_weight(rng, 4, 64, DType::BF16, 6007, 8192, 0);
+  check(big, {80}, 0, "q4g64 6007x8192 (two slabs)");
+}
+
 // More tiles than the device holds warps (an LM head's 248,320 rows make 15,520 tiles): stream-K
 // splits tiles far past the first few thousand, and their fixups must stay inside the workspace
 // (run under compute-sanitizer by tools/gpu_test.sh).

@@ -44,7 +44,7 @@ TEST_F(CudaOps, ArgmaxRowsMatchesCpu) {
 
 TEST_F(CudaOps, Norms) {
   Rng rng(11);
-  for (int dim : {16, 17, 128, 1000, 5120, 16388}) {
+  for (int dim : {16, 17, 128, 256, 512, 1000, 5120, 16388}) {
     const int64_t rows = dim > 5000 ? 3 : 37;
     const size_t n = static_cast<size_t>(rows * dim);
     std::vector<float> x = rng.normals(n, 2.0f), z = rng.normals(n), w = rng.normals(dim);
