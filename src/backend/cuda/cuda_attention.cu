@@ -50,6 +50,14 @@ struct AttnFrontArgs {
   float eps;
 };
 
+// Token t's cache row (-1: outside its sequence's block table).
+__device__ __forceinline__ int64_t token_cache_pos(const AttnFrontArgs& A, int t) {
+  const int s = seq_of(A.seqs.cu_seqlens, A.seqs.n_seqs, t);
+  return s < 0 ? -1
+               : cache_pos(A.pg.block_tables, A.pg.max_blocks_per_seq, A.kv.block_size, s,
+                           A.seqs.positions[t]);
+}
+
 template <typename T>
 __global__ void attention_front_kernel(AttnFrontArgs A, RopeFreqs f) {
   extern __shared__ float row[];  // [head_dim]
@@ -84,14 +92,7 @@ __global__ void attention_front_kernel(AttnFrontArgs A, RopeFreqs f) {
   const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(D) + A.eps);
   for (int i = threadIdx.x; i < D; i += blockDim.x) row[i] = row[i] * inv * (i == d0 ? w0 : w[i]);
   __syncthreads();
-  int64_t cp = -1;
-  if (!is_q) {
-    const int s = seq_of(A.seqs.cu_seqlens, A.seqs.n_seqs, t);
-    if (s >= 0) {
-      cp = cache_pos(A.pg.block_tables, A.pg.max_blocks_per_seq, A.kv.block_size, s,
-                     A.seqs.positions[t]);
-    }
-  }
+  const int64_t cp = is_q ? -1 : token_cache_pos(A, t);
   const float pos = static_cast<float>(A.seqs.positions[t]);
   const int64_t cache_row = static_cast<int64_t>(kvh) * D;
   for (int i = threadIdx.x; i < D; i += blockDim.x) {
@@ -163,14 +164,7 @@ __global__ void __launch_bounds__(256) attention_front_warp_kernel(AttnFrontArgs
     reinterpret_cast<float4*>(row)[lane + 32 * i] = x[i];
   }
   __syncwarp();
-  int64_t cp = -1;
-  if (!is_q) {
-    const int s = seq_of(A.seqs.cu_seqlens, A.seqs.n_seqs, t);
-    if (s >= 0) {
-      cp = cache_pos(A.pg.block_tables, A.pg.max_blocks_per_seq, A.kv.block_size, s,
-                     A.seqs.positions[t]);
-    }
-  }
+  const int64_t cp = is_q ? -1 : token_cache_pos(A, t);
   const float pos = static_cast<float>(A.seqs.positions[t]);
   const int64_t at = cp * kvh * D + static_cast<int64_t>(hk) * D;
   const float4* v4 =

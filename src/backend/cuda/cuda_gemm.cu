@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <type_traits>
 
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -244,29 +245,25 @@ void CudaBackend::gemm_abs_max(int op, float* x, const float* y, float* out, int
   TM_CUDA(cudaMemsetAsync(max_bits, 0, sizeof(unsigned), stream_));
   const int threads = 256;
   const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (elems % 4 == 0 && al(x) && al(y) && al(out)) {
-    const int64_t n4 = elems / 4;
-    const auto grid = static_cast<unsigned>(std::min<int64_t>((n4 + threads - 1) / threads, 1024));
-    auto* x4 = reinterpret_cast<float4*>(x);
-    const auto* y4 = reinterpret_cast<const float4*>(y);
-    auto* o4 = reinterpret_cast<float4*>(out);
-    if (op == 1) {
-      cuda::abs_max_vec_kernel<1><<<grid, threads, 0, stream_>>>(x4, y4, o4, n4, max_bits);
-    } else if (op == 2) {
-      cuda::abs_max_vec_kernel<2><<<grid, threads, 0, stream_>>>(x4, y4, o4, n4, max_bits);
+  const bool vec = elems % 4 == 0 && al(x) && al(y) && al(out);
+  const int64_t items = vec ? elems / 4 : elems;
+  const auto grid = static_cast<unsigned>(std::min<int64_t>((items + threads - 1) / threads, 1024));
+  const auto run = [&](auto op_tag) {
+    constexpr int kOp = decltype(op_tag)::value;
+    if (vec) {
+      cuda::abs_max_vec_kernel<kOp><<<grid, threads, 0, stream_>>>(
+          reinterpret_cast<float4*>(x), reinterpret_cast<const float4*>(y),
+          reinterpret_cast<float4*>(out), items, max_bits);
     } else {
-      cuda::abs_max_vec_kernel<0><<<grid, threads, 0, stream_>>>(x4, y4, o4, n4, max_bits);
+      cuda::abs_max_kernel<kOp><<<grid, threads, 0, stream_>>>(x, y, out, items, max_bits);
     }
-    TM_CUDA_LAUNCHED();
-    return;
-  }
-  const auto grid = static_cast<unsigned>(std::min<int64_t>((elems + threads - 1) / threads, 1024));
+  };
   if (op == 1) {
-    cuda::abs_max_kernel<1><<<grid, threads, 0, stream_>>>(x, y, out, elems, max_bits);
+    run(std::integral_constant<int, 1>{});
   } else if (op == 2) {
-    cuda::abs_max_kernel<2><<<grid, threads, 0, stream_>>>(x, y, out, elems, max_bits);
+    run(std::integral_constant<int, 2>{});
   } else {
-    cuda::abs_max_kernel<0><<<grid, threads, 0, stream_>>>(x, y, out, elems, max_bits);
+    run(std::integral_constant<int, 0>{});
   }
   TM_CUDA_LAUNCHED();
 }
