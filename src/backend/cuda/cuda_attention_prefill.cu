@@ -254,11 +254,19 @@ __global__ void __launch_bounds__(max_warps(D, kFast, kHalves) * 32, 1)
         const __half* kp = ks + (nb * 16 + (mi >> 1) * 8 + mr) * LD + kd * 16 + (mi & 1) * 8;
         ldsm_x4(kh, kp);
         if constexpr (!kFast && !kKVExact) ldsm_x4(kl, kp + kKeys * LD);
-        float d0[4], d1[4];
-        mma3<kFast, kKVExact>(d0, qh, ql, kh[0], kh[1], kl[0], kl[1]);
-        mma3<kFast, kKVExact>(d1, qh, ql, kh[2], kh[3], kl[2], kl[3]);
-        add4(sc[2 * nb], d0);
-        add4(sc[2 * nb + 1], d1);
+        if constexpr (kFast) {
+          // One F16 pass: the products chain in place; the tensor cores' truncating F32
+          // accumulation is far below the operands' F16 rounding, and the fresh accumulator
+          // and the adds (8 instructions a product) are gone.
+          mma3_acc<kFast, kKVExact>(sc[2 * nb], qh, ql, kh[0], kh[1], kl[0], kl[1]);
+          mma3_acc<kFast, kKVExact>(sc[2 * nb + 1], qh, ql, kh[2], kh[3], kl[2], kl[3]);
+        } else {
+          float d0[4], d1[4];
+          mma3<kFast, kKVExact>(d0, qh, ql, kh[0], kh[1], kl[0], kl[1]);
+          mma3<kFast, kKVExact>(d1, qh, ql, kh[2], kh[3], kl[2], kl[3]);
+          add4(sc[2 * nb], d0);
+          add4(sc[2 * nb + 1], d1);
+        }
       }
     }
     if constexpr (kHalves == 2) {
