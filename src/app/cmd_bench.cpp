@@ -62,16 +62,17 @@ struct Timeline {
 // Submits `prompts` at once and records when each token arrives.
 Timeline run_requests(Engine& e, const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
                       Clock::time_point start, const SamplingParams& sampling) {
-  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<GenerationRequest> requests;
   for (const auto& p : prompts) {
     GenerationRequest r;
     r.prompt = p;
     r.max_tokens = max_tokens;
     r.ignore_eos = true;
     r.sampling = sampling;
-    r.sampling.seed = 7 + static_cast<uint64_t>(streams.size());
-    streams.push_back(e.submit(r));
+    r.sampling.seed = 7 + static_cast<uint64_t>(requests.size());
+    requests.push_back(std::move(r));
   }
+  const std::vector<std::shared_ptr<RequestStream>> streams = e.submit_all(std::move(requests));
   Timeline t;
   t.token_times.resize(prompts.size());
   std::vector<bool> done(prompts.size(), false);

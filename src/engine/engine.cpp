@@ -206,9 +206,9 @@ bool constrained_now(const Sequence& s) {
 constexpr int32_t kPendingToken = -1;
 }  // namespace
 
-std::shared_ptr<RequestStream> Engine::submit(GenerationRequest req) {
-  Impl& I = *impl_;
-  const int64_t vocab = I.model.config().vocab_size;
+namespace {
+// Why a request can never run (submit's checks), thrown as tokenmill::Error.
+void check_request(const GenerationRequest& req, int64_t vocab, int max_context) {
   if (req.prompt.empty()) fail("the prompt is empty: send at least one token");
   for (int32_t t : req.prompt) {
     if (t < 0 || t >= vocab)
@@ -217,33 +217,52 @@ std::shared_ptr<RequestStream> Engine::submit(GenerationRequest req) {
   if (req.max_tokens < 0) fail("max_tokens must be >= 0, got {}", req.max_tokens);
   check_sampling(req.sampling);
   const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
-  if (total > I.max_context) {
+  if (total > max_context) {
     fail(
         "prompt ({} tokens) + max_tokens ({}) = {} exceeds the context window of {} tokens; "
         "shorten the prompt or lower max_tokens",
-        req.prompt.size(), req.max_tokens, total, I.max_context);
+        req.prompt.size(), req.max_tokens, total, max_context);
   }
   if (req.constraint && req.sampling.logprobs > 20) fail("top_logprobs must be at most 20");
-  auto seq = std::make_unique<Sequence>();
-  std::shared_ptr<RequestStream> stream;
+}
+}  // namespace
+
+std::shared_ptr<RequestStream> Engine::submit(GenerationRequest req) {
+  std::vector<GenerationRequest> one;
+  one.push_back(std::move(req));
+  return submit_all(std::move(one)).front();
+}
+
+std::vector<std::shared_ptr<RequestStream>> Engine::submit_all(
+    std::vector<GenerationRequest> requests) {
+  Impl& I = *impl_;
+  for (const GenerationRequest& req : requests) {
+    check_request(req, I.model.config().vocab_size, I.max_context);
+  }
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  streams.reserve(requests.size());
   {
     std::lock_guard<std::mutex> lock(I.mu);
     if (I.stop) fail("the engine is shutting down");
-    seq->id = I.next_id++;
-    uint64_t seed = req.sampling.seed ? *req.sampling.seed : I.opt.seed * 1000003u + seq->id;
-    seq->sampler = std::make_unique<Sampler>(req.sampling, seed, req.prompt);
-    seq->tokens = req.prompt;
-    seq->prompt_len = static_cast<int>(req.prompt.size());
-    seq->in_reasoning = req.starts_in_reasoning;
-    stream = std::make_shared<RequestStream>(seq->id);
-    seq->stream = stream;
-    seq->req = std::move(req);
-    I.incoming.push_back(std::move(seq));
-    I.stats.requests_total++;
-    I.stats.queued++;
+    for (GenerationRequest& req : requests) {
+      auto seq = std::make_unique<Sequence>();
+      seq->id = I.next_id++;
+      uint64_t seed = req.sampling.seed ? *req.sampling.seed : I.opt.seed * 1000003u + seq->id;
+      seq->sampler = std::make_unique<Sampler>(req.sampling, seed, req.prompt);
+      seq->tokens = req.prompt;
+      seq->prompt_len = static_cast<int>(req.prompt.size());
+      seq->in_reasoning = req.starts_in_reasoning;
+      auto stream = std::make_shared<RequestStream>(seq->id);
+      seq->stream = stream;
+      seq->req = std::move(req);
+      I.incoming.push_back(std::move(seq));
+      I.stats.requests_total++;
+      I.stats.queued++;
+      streams.push_back(std::move(stream));
+    }
   }
   I.cv.notify_all();
-  return stream;
+  return streams;
 }
 
 void Engine::shutdown(int timeout_ms) {

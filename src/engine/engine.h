@@ -81,6 +81,10 @@ class Engine {
   // empty prompt, prompt + max_tokens beyond the context window or the memory budget, ids
   // outside the vocabulary. The message gives the numbers.
   std::shared_ptr<RequestStream> submit(GenerationRequest request);
+  // Queues several requests at once: each is checked as submit() checks it, and nothing is
+  // queued when any is invalid; the engine sees them together, so the first step can take them
+  // all (the choices of one API call, a benchmark's batch). Streams in the requests' order.
+  std::vector<std::shared_ptr<RequestStream>> submit_all(std::vector<GenerationRequest> requests);
   EngineStats stats() const;
   int max_context() const;
   int32_t vocab_size() const;

@@ -213,6 +213,8 @@ Generation::~Generation() {
 void Generation::start() {
   started_ = std::chrono::steady_clock::now();
   const auto& fmt_kind = plan_.response_format.kind;
+  // Every choice of every prompt is queued at once: the engine can prefill them in one step.
+  std::vector<GenerationRequest> requests;
   for (size_t p = 0; p < prompts_.size(); ++p) {
     for (int i = 0; i < plan_.n; ++i) {
       auto c = std::make_unique<Choice>();
@@ -242,15 +244,17 @@ void Generation::start() {
       res.index = c->index;
       if (plan_.echo) res.prompt_text = prompt_texts_[p];
       results_.push_back(std::move(res));
-      try {
-        c->stream = model_.engine->submit(std::move(req));
-      } catch (const Error& e) {
-        cancel();
-        throw ApiError(400, e.what());
-      }
+      requests.push_back(std::move(req));
       choices_.push_back(std::move(c));
     }
   }
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  try {
+    streams = model_.engine->submit_all(std::move(requests));
+  } catch (const Error& e) {
+    throw ApiError(400, e.what());  // nothing was queued
+  }
+  for (size_t i = 0; i < choices_.size(); ++i) choices_[i]->stream = std::move(streams[i]);
 }
 
 void Generation::finish_choice(Choice& c, ChoiceDelta& d, const std::string& reason) {

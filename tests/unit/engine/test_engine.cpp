@@ -391,12 +391,18 @@ TEST_F(EngineTest, OverlappedStepsEqualWaitingSteps) {
         o.overlap_on_synchronous_backend = true;
         Engine e(*h.model, o);
         std::vector<GenerationRequest> rs = requests(set);
-        std::vector<std::shared_ptr<RequestStream>> streams;
-        for (size_t i = 0; i < std::min<size_t>(3, rs.size()); ++i)
-          streams.push_back(e.submit(rs[i]));
+        // The first three together, the rest mid-decode (also together: the engine must see the
+        // same steps in both modes).
+        const size_t first = std::min<size_t>(3, rs.size());
+        std::vector<std::shared_ptr<RequestStream>> streams =
+            e.submit_all(std::vector<GenerationRequest>(rs.begin(), rs.begin() + first));
         while (set == 0 && e.stats().generated_tokens < 4)
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        for (size_t i = 3; i < rs.size(); ++i) streams.push_back(e.submit(rs[i]));
+        if (rs.size() > first) {
+          for (auto& st :
+               e.submit_all(std::vector<GenerationRequest>(rs.begin() + first, rs.end())))
+            streams.push_back(std::move(st));
+        }
         got.emplace_back();
         for (auto& st : streams) got.back().push_back(collect(*st));
         const EngineStats stats = e.stats();
@@ -465,6 +471,35 @@ TEST_F(EngineTest, RejectsRequestsThatCanNeverRun) {
   } catch (const Error& err) {
     EXPECT_NE(std::string(err.what()).find("110"), std::string::npos) << err.what();
     EXPECT_NE(std::string(err.what()).find("100"), std::string::npos) << err.what();
+  }
+}
+
+// submit_all: nothing is queued when any request is invalid; requests queued together reach the
+// engine together, so one step prefills them all (with separate submits the engine may wake
+// after the first and start a step without the others).
+TEST_F(EngineTest, SubmitAllQueuesTogetherOrNotAtAll) {
+  Harness h(*dir_);
+  EngineOptions o;
+  o.max_seqs = 4;
+  o.max_step_tokens = 64;
+  o.prefill_chunk = 64;
+  o.max_context = 100;
+  o.memory_budget_bytes = 64 << 20;
+  Engine e(*h.model, o);
+  std::vector<GenerationRequest> bad;
+  bad.push_back(greedy(random_ids(5, h.vocab(), 1), 2));
+  bad.push_back(greedy({h.vocab() + 5}, 2));
+  EXPECT_THROW(e.submit_all(std::move(bad)), Error);
+  EXPECT_EQ(e.stats().requests_total, 0u) << "a valid request was queued beside an invalid one";
+  for (int round = 0; round < 5; ++round) {
+    const uint64_t steps_before = e.stats().steps;
+    std::vector<GenerationRequest> rs;
+    for (int i = 0; i < 4; ++i) rs.push_back(greedy(random_ids(5 + i, h.vocab(), 20 + i), 1));
+    const std::vector<std::shared_ptr<RequestStream>> streams = e.submit_all(std::move(rs));
+    ASSERT_EQ(streams.size(), 4u);
+    for (const auto& st : streams) EXPECT_EQ(collect(*st).tokens.size(), 1u);
+    // Four prompts of 5-8 tokens fit one step, and each needs one token: one step.
+    EXPECT_EQ(e.stats().steps - steps_before, 1u) << "round " << round;
   }
 }
 
