@@ -204,9 +204,7 @@ bool constrained_now(const Sequence& s) {
 }
 // The placeholder of a token a launched step is still computing.
 constexpr int32_t kPendingToken = -1;
-}  // namespace
 
-namespace {
 // Why a request can never run (submit's checks), thrown as tokenmill::Error.
 void check_request(const GenerationRequest& req, int64_t vocab, int max_context) {
   if (req.prompt.empty()) fail("the prompt is empty: send at least one token");
