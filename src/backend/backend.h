@@ -189,6 +189,9 @@ struct StepShape {
   int gdn_v_heads = 0;
   int gdn_k_dim = 0;
   int gdn_v_dim = 0;
+  int attn_kv_heads = 0;  // full-attention layers' kv heads and head dim (0: no such layers)
+  int attn_head_dim = 0;
+  int max_context = 0;  // positions one sequence's block table covers (0: unknown)
 };
 
 class Backend {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 
 #include "io/checkpoint.h"
@@ -240,6 +241,12 @@ void Model::reserve_step(int max_tokens, int max_seqs, int max_blocks, int block
     shape.gdn_k_dim = geo_.k_dim;
     shape.gdn_v_dim = geo_.v_dim;
   }
+  if (geo_.attention_layers > 0) {
+    shape.attn_kv_heads = cfg_.num_kv_heads;
+    shape.attn_head_dim = cfg_.head_dim;
+  }
+  shape.max_context =
+      static_cast<int>(std::min<int64_t>(int64_t{max_blocks} * block_size, INT_MAX));
   backend_.reserve_step_workspaces(shape);
 }
 

@@ -635,6 +635,20 @@ void CudaBackend::attention(const KVLayerView& kv, const KVPaging& paging, const
     TM_CUDA_LAUNCHED();
     return;
   }
+  // Prefill in fast precision on sm_90 (not recorded, so the context lengths are the step's):
+  // the wgmma kernel over an F16 copy of the contexts, where that copy fits the workspace
+  // reserved for the step (grown only before any step was reserved: tests).
+  if (prefill_precision_ == PrefillPrecision::kFast && gemv_ws_.wgmma && !recording_ &&
+      seqs.n_tokens >= 64) {
+    const size_t need = cuda::attention_prefill_wg_kv16_bytes(kv, paging, seqs, heads);
+    if (need > 0 && (need <= kv16_bytes_ || !step_reserved_)) {
+      grow_workspace(&kv16_, &kv16_bytes_, need, "prefill attention");
+      if (cuda::launch_attention_prefill_wg(stream_, kv, paging, seqs, q, heads, scale, out, kv16_,
+                                            gemv_ws_.encode_tiled)) {
+        return;
+      }
+    }
+  }
   // Many rows (prefill), or no workspace: the tensor-core kernel where it takes the shape.
   if (cuda::launch_attention_prefill(stream_, kv, paging, seqs, q, heads, scale, out,
                                      prefill_precision_ == PrefillPrecision::kFast)) {

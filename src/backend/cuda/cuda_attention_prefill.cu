@@ -144,18 +144,6 @@ constexpr size_t prefill_smem_bytes(int warps) {
          (kHalves == 2 ? static_cast<size_t>(warps) * 16 * 32 * sizeof(float) : 0);
 }
 
-// Eight BF16 values (16 bytes) to F16 in place, rounded to nearest (exact in F16's normal range).
-__device__ __forceinline__ void bf16x8_to_f16x8(__half* p) {
-  uint4 u = *reinterpret_cast<const uint4*>(p);
-  uint32_t* w = reinterpret_cast<uint32_t*>(&u);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    w[k] = half2_bits(
-        __floats2half2_rn(__uint_as_float(w[k] << 16), __uint_as_float(w[k] & 0xffff0000u)));
-  }
-  *reinterpret_cast<uint4*>(p) = u;
-}
-
 // kHalves 2: warps 2i and 2i + 1 take query tile i, each half of head_dim: half of Q K^T (the
 // partial scores added through shared memory, so both hold the same sums), the same softmax,
 // and P V for its half of the output.

@@ -174,6 +174,19 @@ void CudaBackend::reserve_step_workspaces(const StepShape& shape) {
   seqs.n_tokens = shape.max_tokens;
   seqs.max_seq_tokens = shape.max_tokens;
   grow_workspace(&gdn_ws_, &gdn_ws_bytes_, gdn_ws_bytes(st, seqs, false), "chunked delta rule");
+  // The fast wgmma prefill attention's F16 copy of one sequence's context, sized for a BF16
+  // cache (CUDA's default; an F32 cache leaves it unused) up to the block table's capacity (a
+  // long prompt's later chunks) within kKv16ContextBytes.
+  if (shape.attn_kv_heads > 0 && prefill_precision_ == PrefillPrecision::kFast && gemv_ws_.wgmma) {
+    const auto per_row = static_cast<size_t>(2 * shape.attn_kv_heads * shape.attn_head_dim) *
+                         sizeof(uint16_t);  // F16 K and V of one position
+    const int64_t rows =
+        std::min<int64_t>(shape.max_context, static_cast<int64_t>(kKv16ContextBytes / per_row));
+    if (rows > 0) {
+      grow_workspace(&kv16_, &kv16_bytes_, static_cast<size_t>(rows) * per_row,
+                     "prefill attention");
+    }
+  }
   step_reserved_ = true;
 }
 

@@ -52,6 +52,15 @@ int init_gdn_mixer();
 bool launch_attention_prefill(CUstream_st* st, const KVLayerView& kv, const KVPaging& pg,
                               const SeqLayout& seqs, const float* q, int heads, float scale,
                               float* out, bool fast);
+// The fast prefill attention on wgmma (cuda_attention_prefill_wg.cu; sm_90, BF16 caches,
+// head_dim 128 or 256, even groups up to 8): the workspace its F16 copy of every sequence's
+// context takes (n_seqs x max_context_len rows of K and V), 0 where it does not take the shape;
+// and the launch into that workspace (false, launching nothing, where it does not).
+size_t attention_prefill_wg_kv16_bytes(const KVLayerView& kv, const KVPaging& pg,
+                                       const SeqLayout& seqs, int heads);
+bool launch_attention_prefill_wg(CUstream_st* st, const KVLayerView& kv, const KVPaging& pg,
+                                 const SeqLayout& seqs, const float* q, int heads, float scale,
+                                 float* out, void* kv16, void* encode_tiled);
 
 // The first pass of split-context decode attention on the tensor cores
 // (cuda_attention_split_tc.cu), for BF16 caches, head_dim 128 or 256 and up to 8 query heads
@@ -217,6 +226,12 @@ class CudaBackend final : public Backend {
   int gemm_parts(const cuda::DevMat& m) const;
   void gemm_abs_max(int op, float* x, const float* y, float* out, int64_t elems);
   void gemm_split(const float* x, int64_t n, int64_t K, int parts, bool max_done = false);
+  // parts 0 (gemm_parts: fast mode, BF16 weights read in place): x goes to the workspace as
+  // BF16 instead, in one pass with its gate (op as gemm_abs_max's); no scale, no F32 product.
+  // gemm_gate_split is either form of a gate and the split.
+  void gemm_to_bf16(int op, const float* x, const float* y, int64_t n, int64_t K);
+  void gemm_gate_split(int op, float* x, const float* y, float* act, int64_t n, int64_t K,
+                       int parts);
   // Whether linear() takes the prefill GEMM at n rows.
   bool gemm_rows(int64_t n) const;
   void gemm_split_done(int64_t n, const cuda::DevMat& m, int parts, int split_parts, float* out);
@@ -340,6 +355,12 @@ class CudaBackend final : public Backend {
   // The chunked delta rule's W, U, P and G for a prefill call (grown like gemm_x_).
   void* gdn_ws_ = nullptr;
   size_t gdn_ws_bytes_ = 0;
+  // The fast wgmma prefill attention's F16 copy of its sequences' contexts (grown like
+  // gemm_x_). It is reserved up to this size: 32k positions of the 27B shape (4 kv heads of
+  // 256).
+  void* kv16_ = nullptr;
+  size_t kv16_bytes_ = 0;
+  static constexpr size_t kKv16ContextBytes = size_t{128} << 20;
   bool step_reserved_ = false;  // reserve_step_workspaces ran: growth means a missed shape
 };
 

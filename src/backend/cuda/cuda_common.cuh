@@ -189,6 +189,26 @@ __device__ __forceinline__ float block_max(float v, float* red) {
   return block_reduce<warp_max>(v, red);
 }
 
+// Tile b of the tiles of `tile_rows` rows numbered sequence by sequence (each sequence's from its
+// first row): its sequence, first row and the sequence's end; s = -1 past the last tile (a grid
+// sized as an upper bound, n_rows / tile_rows + n_seqs).
+struct SeqTile {
+  int s = -1, t0 = 0, t_end = 0;
+};
+__device__ __forceinline__ SeqTile seq_tile(const int32_t* cu, int n_seqs, int b, int tile_rows) {
+  SeqTile r;
+  for (int i = 0; i < n_seqs; ++i) {
+    const int lo = cu[i], hi = cu[i + 1];
+    const int nt = (hi - lo + tile_rows - 1) / tile_rows;
+    if (b < nt) {
+      r.s = i, r.t0 = lo + b * tile_rows, r.t_end = hi;
+      break;
+    }
+    b -= nt;
+  }
+  return r;
+}
+
 // Sequence owning token row t: the s with cu[s] <= t < cu[s+1] (binary search), or -1.
 __device__ __forceinline__ int seq_of(const int32_t* cu, int n_seqs, int t) {
   int lo = 0, hi = n_seqs;  // invariant: cu[lo] <= t < cu[hi] when t is covered

@@ -12,8 +12,12 @@
 // with decode and with the CPU to F32 rounding. (One F16 GEMM was measured 5-15x the golden
 // tolerance off on quantized models whose logits are large: 2^-12 relative error per weight is
 // not small there.) PrefillPrecision::kFast (--prefill-precision fast) is the hi parts alone,
-// for those who trade the agreement for speed.
+// for those who trade the agreement for speed; with BF16 weights it is "zero parts": cuBLAS
+// reads the weights in place and the activations are rounded to BF16 (as other engines' BF16
+// prefill), which saves the weight conversion (a read and a write of every weight byte, 3.5% of
+// a bf16 8k prefill).
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -246,6 +250,55 @@ __global__ void split_f16_kernel(const float* __restrict__ x, int64_t n, int64_t
   }
 }
 
+// BF16 activations for BF16 weights read in place (fast mode, gemm_parts 0): out[i] =
+// bf16(gate_value(x[i], y[i])) over n values, unscaled (BF16 has F32's range), and consts[0] = 1
+// (the GEMM's alpha). One pass where the F16 form takes three: the gate writing F32 and finding
+// the scale, then the split reading it back. V = 4: n a multiple of 4, x, y 16-byte aligned;
+// kUnroll of them loaded before any is used (abs_max_vec_kernel's reason).
+template <int OP, int V>
+__global__ void to_bf16_kernel(const float* __restrict__ x, const float* __restrict__ y, int64_t n,
+                               __nv_bfloat16* __restrict__ out, float* __restrict__ consts) {
+  constexpr int kUnroll = 4;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x, items = n / V;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (first == 0) consts[0] = 1.0f;
+  for (int64_t i0 = first; i0 < items; i0 += kUnroll * stride) {
+    float a[kUnroll][V], b[kUnroll][V];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = i0 + u * stride;
+      if (i >= items) break;
+      if constexpr (V == 4) {
+        const float4 xa = reinterpret_cast<const float4*>(x)[i];
+        a[u][0] = xa.x, a[u][1] = xa.y, a[u][2] = xa.z, a[u][3] = xa.w;
+        if constexpr (OP != 0) {
+          const float4 yb = reinterpret_cast<const float4*>(y)[i];
+          b[u][0] = yb.x, b[u][1] = yb.y, b[u][2] = yb.z, b[u][3] = yb.w;
+        }
+      } else {
+        a[u][0] = x[i];
+        if constexpr (OP != 0) b[u][0] = y[i];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = i0 + u * stride;
+      if (i >= items) break;
+      float v[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[k] = gate_value<OP>(a[u][k], OP != 0 ? b[u][k] : 0.0f);
+      if constexpr (V == 4) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]);
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(v[2], v[3]);
+        reinterpret_cast<uint2*>(out)[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
+                                                      *reinterpret_cast<const uint32_t*>(&hi));
+      } else {
+        out[i] = __float2bfloat16_rn(v[0]);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tokenmill::cuda
 
@@ -283,18 +336,26 @@ void CudaBackend::destroy_gemm() {
   gemm_x_ = nullptr;
   if (gdn_ws_) cudaFree(gdn_ws_);
   gdn_ws_ = nullptr;
+  if (kv16_) cudaFree(kv16_);
+  kv16_ = nullptr;
 }
 
 size_t CudaBackend::gemm_x_bytes(int64_t n, int64_t cols) const {
   const int parts = prefill_precision_ == PrefillPrecision::kFast ? 1 : kGemmParts;
-  return static_cast<size_t>(n * cols) * parts * sizeof(__half);
+  return static_cast<size_t>(n * cols) * parts * sizeof(__half);  // BF16's size is F16's
 }
 
 int CudaBackend::gemm_parts(const cuda::DevMat& m) const {
-  // kFast: the hi parts only (one pass, F16 rounding of both operands). BF16 and F16 weights
-  // are exact in F16: hi*hi + hi*lo. Others: hi*hi + hi*lo + lo*hi.
+  // kFast: 0 for BF16 weights (read in place, BF16 activations), else the hi parts only (one
+  // pass, F16 rounding of both operands). kExact: BF16 and F16 weights are exact in F16: hi*hi
+  // + hi*lo. Others: hi*hi + hi*lo + lo*hi.
   const bool exact_in_f16 = m.bits == 0 && m.dtype != cuda::kF32;
-  return prefill_precision_ == PrefillPrecision::kFast ? 1 : exact_in_f16 ? 2 : 3;
+  if (prefill_precision_ == PrefillPrecision::kFast) {
+    const bool bf16_in_place = m.bits == 0 && m.dtype == cuda::kBF16 && m.row_bytes == 2 * m.cols &&
+                               m.cols % 8 == 0 && reinterpret_cast<uintptr_t>(m.data) % 16 == 0;
+    return bf16_in_place ? 0 : 1;
+  }
+  return exact_in_f16 ? 2 : 3;
 }
 
 void CudaBackend::gemm_abs_max(int op, float* x, const float* y, float* out, int64_t elems) {
@@ -325,9 +386,53 @@ void CudaBackend::gemm_abs_max(int op, float* x, const float* y, float* out, int
   TM_CUDA_LAUNCHED();
 }
 
+void CudaBackend::gemm_to_bf16(int op, const float* x, const float* y, int64_t n, int64_t K) {
+  grow_workspace(&gemm_x_, &gemm_x_bytes_, static_cast<size_t>(n * K) * sizeof(__nv_bfloat16),
+                 "prefill GEMM");
+  const int threads = 256;
+  const int64_t elems = n * K;
+  const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = elems % 4 == 0 && al(x) && (y == nullptr || al(y));
+  const int64_t items = vec ? elems / 4 : elems;
+  const auto grid = static_cast<unsigned>(
+      std::clamp<int64_t>((items + threads - 1) / threads, 1, 4 * int64_t{gemv_ws_.sm_count}));
+  auto* out = static_cast<__nv_bfloat16*>(gemm_x_);
+  const auto run = [&](auto op_tag) {
+    constexpr int kOp = decltype(op_tag)::value;
+    if (vec) {
+      cuda::to_bf16_kernel<kOp, 4><<<grid, threads, 0, stream_>>>(x, y, elems, out, gemm_consts_);
+    } else {
+      cuda::to_bf16_kernel<kOp, 1><<<grid, threads, 0, stream_>>>(x, y, elems, out, gemm_consts_);
+    }
+  };
+  if (op == 1) {
+    run(std::integral_constant<int, 1>{});
+  } else if (op == 2) {
+    run(std::integral_constant<int, 2>{});
+  } else {
+    run(std::integral_constant<int, 0>{});
+  }
+  TM_CUDA_LAUNCHED();
+}
+
+void CudaBackend::gemm_gate_split(int op, float* x, const float* y, float* act, int64_t n,
+                                  int64_t K, int parts) {
+  if (parts == 0) {
+    gemm_to_bf16(op, x, y, n, K);
+    return;
+  }
+  gemm_abs_max(op, x, y, act, n * K);
+  gemm_split(op == 1 ? act : x, n, K, parts, true);
+}
+
 void CudaBackend::gemm_split(const float* x, int64_t n, int64_t K, int parts, bool max_done) {
+  if (parts == 0) {
+    gemm_to_bf16(0, x, nullptr, n, K);
+    return;
+  }
   grow_workspace(&gemm_x_, &gemm_x_bytes_, static_cast<size_t>(n * K * parts) * sizeof(__half),
                  "prefill GEMM");
+
   auto* max_bits = reinterpret_cast<unsigned*>(gemm_consts_ + kGemmMaxBitsSlot);
   const int threads = 256;
   if (!max_done) gemm_abs_max(0, const_cast<float*>(x), nullptr, nullptr, n * K);
@@ -354,13 +459,22 @@ void CudaBackend::gemm(const float* x, int64_t n, const cuda::DevMat& m, float* 
 // One GEMM over K' = parts * K: out^T [rows, n] = [W_hi W_hi W_lo] [x_hi; x_lo; x_hi] (F16
 // operands, F32 accumulation), so the two or three products of the split sum in one
 // accumulator and one pass over the output. The activations were split into split_parts >=
-// parts (a prefix of the parts is the split with fewer).
+// parts (a prefix of the parts is the split with fewer). split_parts == 0 (every matrix sharing
+// the split is BF16 in fast mode): BF16 activations times the weights as they are.
 void CudaBackend::gemm_split_done(int64_t n, const cuda::DevMat& m, int parts, int split_parts,
                                   float* out) {
-  const int64_t K = m.cols, kp = K * parts;
-  const int threads = 256;
   auto* xs = static_cast<__half*>(gemm_x_);
   auto* h = static_cast<cublasHandle_t>(cublas_);
+  if (split_parts == 0) {  // BF16 activations: the BF16 weights in place, one GEMM
+    const int rows = static_cast<int>(m.rows), ik = static_cast<int>(m.cols);
+    TM_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, static_cast<int>(n), ik, gemm_consts_,
+                           m.data, CUDA_R_16BF, ik, xs, CUDA_R_16BF, ik, gemm_consts_ + 1, out,
+                           CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  parts = std::max(parts, 1);  // a BF16 weight beside others that needed F16 activations
+  const int64_t K = m.cols, kp = K * parts;
+  const int threads = 256;
   // Slabs of equal rows (a multiple of 16), as few as the workspace allows: a short last slab
   // is a GEMM of a fraction of a wave.
   const int64_t most = static_cast<int64_t>(kGemmSlabBytes / sizeof(__half)) / kp / 16 * 16;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -54,6 +55,23 @@ __device__ __forceinline__ float4 kv_load4(const uint16_t* p) {
   const uint2 u = *reinterpret_cast<const uint2*>(p);
   return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
                      __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
+// Eight BF16 values (16 bytes) as F16, rounded to nearest (exact in F16's normal range): the
+// prefill attention kernels' K and V operands over a BF16 cache. The second form converts in
+// place at p.
+__device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 u) {
+  uint32_t* w = reinterpret_cast<uint32_t*>(&u);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const __half2 h =
+        __floats2half2_rn(__uint_as_float(w[k] << 16), __uint_as_float(w[k] & 0xffff0000u));
+    w[k] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return u;
+}
+__device__ __forceinline__ void bf16x8_to_f16x8(__half* p) {
+  *reinterpret_cast<uint4*>(p) = bf16x8_to_f16x8(*reinterpret_cast<const uint4*>(p));
 }
 
 // The arguments of a split-context decode kernel (the first pass; the combine kernel finishes).

@@ -384,8 +384,7 @@ void CudaBackend::silu_mul_linear(const float* gate, const float* up, int64_t n,
   if (gemm_rows(n) && !w.experts) {
     const DevMat m = cuda::make_devmat(w, 0);
     const int parts = gemm_parts(m);
-    gemm_abs_max(1, const_cast<float*>(gate), up, act, n * m.cols);
-    gemm_split(act, n, m.cols, parts, true);
+    gemm_gate_split(1, const_cast<float*>(gate), up, act, n, m.cols, parts);
     gemm_split_done(n, m, parts, parts, out);
   } else if (!gated_q4_linear(gate, up, false, n, w, out)) {
     Backend::silu_mul_linear(gate, up, n, w, out, act);
@@ -397,8 +396,7 @@ void CudaBackend::sigmoid_mul_linear(float* x, const float* gate, int64_t n, con
   if (gemm_rows(n) && !w.experts) {
     const DevMat m = cuda::make_devmat(w, 0);
     const int parts = gemm_parts(m);
-    gemm_abs_max(2, x, gate, nullptr, n * m.cols);
-    gemm_split(x, n, m.cols, parts, true);
+    gemm_gate_split(2, x, gate, nullptr, n, m.cols, parts);
     gemm_split_done(n, m, parts, parts, out);
   } else if (!gated_q4_linear(x, gate, true, n, w, out)) {
     Backend::sigmoid_mul_linear(x, gate, n, w, out);
@@ -416,7 +414,7 @@ void CudaBackend::linear_multi(const float* x, int64_t n, const Weight* const* w
     // Prefill: every matrix takes the GEMM (as linear() would), all from one split of x into
     // the most F16 parts any of them needs.
     DevMat ms[16];
-    int parts = 1;
+    int parts = 0;
     bool same_width = true;
     for (int i = 0; i < count; ++i) {
       ms[i] = cuda::make_devmat(*ws[i], 0);

@@ -69,6 +69,64 @@ class CudaVsCpu : public ::testing::Test {
     return v;
   }
 
+  // A BF16 paged cache whose contexts are filled with random values: sequence s holds ctx[s]
+  // positions in blocks shuffled over the cache, and its last rows[s] positions are the step's
+  // query rows. The host layout and paging (seqs, pg, kv) and their device copies (d*).
+  struct FilledCache {
+    std::vector<int32_t> tables, cu = {0}, positions, ctx;
+    std::vector<uint16_t> kc, vc;
+    int max_blocks = 0, tokens = 0;
+    SeqLayout seqs, dseqs;
+    KVPaging pg, dpg;
+    KVLayerView kv, dkv;
+    FilledCache() = default;
+    FilledCache(FilledCache&&) = default;  // the views point into the vectors: moves keep them
+    FilledCache(const FilledCache&) = delete;
+  };
+  FilledCache filled_bf16_cache(Rng& rng, const std::vector<int>& ctx, const std::vector<int>& rows,
+                                int block_size, int kv_heads, int D) {
+    FilledCache c;
+    const int S = static_cast<int>(ctx.size());
+    c.max_blocks = (*std::max_element(ctx.begin(), ctx.end()) + block_size - 1) / block_size;
+    int num_blocks = 0;
+    for (int n : ctx) num_blocks += (n + block_size - 1) / block_size;
+    std::vector<int32_t> phys(num_blocks);
+    for (int i = 0; i < num_blocks; ++i) phys[i] = i;
+    std::shuffle(phys.begin(), phys.end(), rng.gen);
+    c.tables.assign(static_cast<size_t>(S) * c.max_blocks, -1);
+    for (int s = 0, next = 0; s < S; ++s) {
+      for (int b = 0; b * block_size < ctx[s]; ++b) {
+        c.tables[static_cast<size_t>(s) * c.max_blocks + b] = phys[next++];
+      }
+    }
+    const size_t cache_n = static_cast<size_t>(num_blocks) * block_size * kv_heads * D;
+    c.kc.resize(cache_n);
+    c.vc.resize(cache_n);
+    for (size_t i = 0; i < cache_n; ++i) {
+      c.kc[i] = f32_to_bf16(rng.normal());
+      c.vc[i] = f32_to_bf16(rng.normal());
+    }
+    c.ctx.assign(ctx.begin(), ctx.end());
+    for (int s = 0; s < S; ++s) {
+      for (int r = rows[s]; r > 0; --r) c.positions.push_back(ctx[s] - r);
+      c.cu.push_back(c.cu.back() + rows[s]);
+    }
+    c.tokens = c.cu.back();
+    c.seqs = SeqLayout{S, c.tokens, c.cu.data(), c.positions.data(),
+                       *std::max_element(rows.begin(), rows.end())};
+    c.pg = KVPaging{c.tables.data(), c.max_blocks, c.ctx.data(),
+                    *std::max_element(ctx.begin(), ctx.end())};
+    c.kv = KVLayerView{c.kc.data(), c.vc.data(), block_size, kv_heads, D, DType::BF16};
+    c.dkv = KVLayerView{up(c.kc), up(c.vc), block_size, kv_heads, D, DType::BF16};
+    c.dseqs = c.seqs;
+    c.dseqs.cu_seqlens = up(c.cu);
+    c.dseqs.positions = up(c.positions);
+    c.dpg = c.pg;
+    c.dpg.block_tables = up(c.tables);
+    c.dpg.context_lens = up(c.ctx);
+    return c;
+  }
+
   ThreadPool pool{3};
   std::unique_ptr<CpuBackend> cpu = std::make_unique<CpuBackend>(pool);
   std::unique_ptr<Backend> gpu;

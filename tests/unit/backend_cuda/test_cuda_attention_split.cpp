@@ -36,56 +36,20 @@ TEST_F(CudaAttentionSplit, Bf16CacheMatchesCpu) {
     for (const SplitCase& c :
          {SplitCase{{3001, 1, 700}, {1, 1, 1}},
           SplitCase{{900, 640, 33, 1000, 17}, {8, 8, 8, 8, 8}}, SplitCase{{129, 2000}, {3, 1}}}) {
-      const int S = static_cast<int>(c.ctx.size());
       const int D = geo.D, kvh = geo.kv_heads, heads = geo.heads;
-      const int max_blocks =
-          (*std::max_element(c.ctx.begin(), c.ctx.end()) + block_size - 1) / block_size;
-      // Each sequence's blocks, shuffled over the cache.
-      int num_blocks = 0;
-      for (int n : c.ctx) num_blocks += (n + block_size - 1) / block_size;
-      std::vector<int32_t> phys(num_blocks);
-      std::iota(phys.begin(), phys.end(), 0);
-      std::shuffle(phys.begin(), phys.end(), rng.gen);
-      std::vector<int32_t> tables(static_cast<size_t>(S) * max_blocks, -1);
-      for (int s = 0, next = 0; s < S; ++s) {
-        for (int b = 0; b * block_size < c.ctx[s]; ++b) {
-          tables[static_cast<size_t>(s) * max_blocks + b] = phys[next++];
-        }
-      }
-      const int64_t row = int64_t{kvh} * D;
-      const size_t cache_n = static_cast<size_t>(num_blocks) * block_size * row;
-      std::vector<uint16_t> kc(cache_n), vc(cache_n);
-      for (size_t i = 0; i < cache_n; ++i) {
-        kc[i] = f32_to_bf16(rng.normal());
-        vc[i] = f32_to_bf16(rng.normal());
-      }
-      std::vector<int32_t> cu = {0}, positions, ctx(c.ctx.begin(), c.ctx.end());
-      for (int s = 0; s < S; ++s) {
-        for (int r = c.rows[s]; r > 0; --r) positions.push_back(c.ctx[s] - r);
-        cu.push_back(cu.back() + c.rows[s]);
-      }
-      const int T = cu.back();
-      const int max_rows = *std::max_element(c.rows.begin(), c.rows.end());
-      const SeqLayout seqs{S, T, cu.data(), positions.data(), max_rows};
-      const KVPaging pg{tables.data(), max_blocks, ctx.data(),
-                        *std::max_element(ctx.begin(), ctx.end())};
+      const FilledCache fc = filled_bf16_cache(rng, c.ctx, c.rows, block_size, kvh, D);
+      const int T = fc.tokens;
       std::vector<float> q = rng.normals(static_cast<size_t>(T) * heads * D);
       const float scale = 1.0f / std::sqrt(static_cast<float>(D));
       const std::string what = "D=" + std::to_string(D) + " heads=" + std::to_string(heads) + "/" +
                                std::to_string(kvh) + " rows=" + std::to_string(T);
-
-      KVLayerView kv{kc.data(), vc.data(), block_size, kvh, D, DType::BF16};
       std::vector<float> want(q.size());
-      cpu->attention(kv, pg, seqs, q.data(), heads, scale, want.data());
+      cpu->attention(fc.kv, fc.pg, fc.seqs, q.data(), heads, scale, want.data());
 
-      KVLayerView dkv{up(kc), up(vc), block_size, kvh, D, DType::BF16};
-      SeqLayout dseqs = seqs;
-      dseqs.cu_seqlens = up(cu);
-      dseqs.positions = up(positions);
-      KVPaging dpg = pg;
-      dpg.block_tables = up(tables);
-      dpg.context_lens = up(ctx);
-      const int capacity = max_blocks * block_size;
+      const KVLayerView& dkv = fc.dkv;
+      const SeqLayout& dseqs = fc.dseqs;
+      KVPaging dpg = fc.dpg;
+      const int capacity = fc.max_blocks * block_size;
       const size_t ws = gpu->attention_workspace_floats(T, heads, D, capacity);
       ASSERT_GT(ws, 0u) << what;
       gpu->set_attention_workspace(poisoned(ws), ws);
@@ -96,7 +60,7 @@ TEST_F(CudaAttentionSplit, Bf16CacheMatchesCpu) {
 
       // Sequence 0 (longer than a block in every case) loses a block in the middle of its
       // table: its rows are NaN, the others still match.
-      std::vector<int32_t> holed = tables;
+      std::vector<int32_t> holed = fc.tables;
       holed[static_cast<size_t>(c.ctx[0] / block_size / 2)] = -1;
       dpg.block_tables = up(holed);
       float* out2 = poisoned(want.size());

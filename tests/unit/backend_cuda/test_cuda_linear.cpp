@@ -356,15 +356,72 @@ TEST_F(CudaLinear, Q4DecodeKeepsF32AccuracyOverWideRanges) {
   }
 }
 
-// PrefillPrecision::kFast: one F16 pass. Its error is F16's (2^-11 relative per operand, summed
+// The largest |got - bf16(x) . w| over got's rms, for BF16 weights hw (double sums). rel: how
+// far (relatively) the device's x may be from the given one (its own gate arithmetic); where
+// that straddles a BF16 rounding boundary, either rounding is accepted.
+double off_bf16_product(const std::vector<float>& got, const std::vector<float>& x, int64_t n,
+                        const HostWeight& hw, double rel = 0) {
+  const auto* wb = reinterpret_cast<const uint16_t*>(hw.data.data());
+  const int64_t K = hw.w.cols, R = hw.w.rows;
+  const auto bf = [](double v) { return double{bf16_to_f32(f32_to_bf16(static_cast<float>(v)))}; };
+  double off = 0, ss = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t o = 0; o < R; ++o) {
+      double dot = 0, slack = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double v = x[static_cast<size_t>(r * K + k)], w = bf16_to_f32(wb[o * K + k]);
+        dot += bf(v) * w;
+        slack += std::fabs(w) * std::fabs(bf(v * (1 + rel)) - bf(v * (1 - rel)));
+      }
+      const float g = got[static_cast<size_t>(r * R + o)];
+      off = std::max(off, std::fabs(g - dot) - slack);
+      ss += double{g} * g;
+    }
+  }
+  return off / std::sqrt(ss / static_cast<double>(n * R));
+}
+
+// The gated GEMM inputs at kFast with BF16 weights: the gate and the BF16 rounding in one
+// pass, then the weights in place; the result is the product of the BF16-rounded gated values.
+TEST_F(CudaLinear, FastBf16GatedPrefillIsTheBf16Product) {
+  std::unique_ptr<Backend> fast = make_cuda_backend(0, PrefillPrecision::kFast);
+  Rng rng(13);
+  const int64_t I = 320, H = 96, n = 100;
+  HostWeight hw = float_weight(rng, DType::BF16, H, I, 0);
+  const Weight dw = fast->upload_weight(hw.w);
+  const std::vector<float> gate = rng.normals(static_cast<size_t>(n * I), 2.0f),
+                           upv = rng.normals(static_cast<size_t>(n * I));
+  auto* dg = static_cast<float*>(fast->alloc(gate.size() * sizeof(float)));
+  auto* du = static_cast<float*>(fast->alloc(upv.size() * sizeof(float)));
+  auto* dact = static_cast<float*>(fast->alloc(upv.size() * sizeof(float)));
+  auto* dout = static_cast<float*>(fast->alloc(static_cast<size_t>(n * H) * sizeof(float)));
+  std::vector<float> act(gate.size()), got(static_cast<size_t>(n * H));
+  fast->upload(dg, gate.data(), gate.size() * sizeof(float));
+  fast->upload(du, upv.data(), upv.size() * sizeof(float));
+  fast->silu_mul_linear(dg, du, n, dw, dout, dact);
+  fast->download(got.data(), dout, got.size() * sizeof(float));
+  cpu->silu_mul(gate.data(), upv.data(), act.data(), n * I);
+  EXPECT_LT(off_bf16_product(got, act, n, hw, 4e-6), 1e-5) << "silu(gate) * up";
+  act = upv;
+  cpu->sigmoid_mul(act.data(), gate.data(), n * I);
+  fast->sigmoid_mul_linear(du, dg, n, dw, dout);
+  fast->download(got.data(), dout, got.size() * sizeof(float));
+  EXPECT_LT(off_bf16_product(got, act, n, hw, 4e-6), 1e-5) << "x * sigmoid(gate)";
+  for (float* p : {dg, du, dact, dout}) fast->free(p);
+}
+
+// PrefillPrecision::kFast: one pass. Its error is F16's (2^-11 relative per operand, summed
 // over K terms: about 1e-3 of the output's rms) where the exact mode's is F32's (1e-6), so both
-// bounds show the fast pass is the one taken; decode (n <= 16) stays exact.
-TEST_F(CudaLinear, FastPrefillPrecisionIsOneF16Pass) {
+// bounds show the fast pass is the one taken; decode (n <= 16) stays exact. BF16 weights are
+// multiplied as they are by BF16-rounded activations: the result equals that product to F32
+// accumulation (1e-5 of the rms, where F16-rounded activations would be 1e-4 off).
+TEST_F(CudaLinear, FastPrefillPrecisionIsOnePass) {
   std::unique_ptr<Backend> fast = make_cuda_backend(0, PrefillPrecision::kFast);
   Rng rng(12);
-  for (bool quantized : {true, false}) {
+  for (DType kind : {DType::U32, DType::F32, DType::BF16}) {  // U32: 4-bit affine
+    const bool quantized = kind == DType::U32;
     HostWeight hw = quantized ? affine_weight(rng, 4, 64, DType::BF16, 300, 1024, 0)
-                              : float_weight(rng, DType::F32, 300, 1024, 0);
+                              : float_weight(rng, kind, 300, 1024, 0);
     const Weight dw = fast->upload_weight(hw.w);
     for (int64_t n : {4, 100}) {
       std::vector<float> x = rng.normals(static_cast<size_t>(n * hw.w.cols));
@@ -383,12 +440,19 @@ TEST_F(CudaLinear, FastPrefillPrecisionIsOneF16Pass) {
       for (size_t i = 0; i < want.size(); ++i) {
         worst = std::max(worst, std::fabs(double{got[i]} - want[i]) / rms);
       }
-      const std::string what = std::string(quantized ? "q4g64" : "f32") + " n=" + std::to_string(n);
+      const std::string what = std::string(quantized            ? "q4g64"
+                                           : kind == DType::F32 ? "f32"
+                                                                : "bf16") +
+                               " n=" + std::to_string(n);
       if (n <= 16) {
         EXPECT_LT(worst, kTol) << what << ": decode rows keep the exact kernels";
       } else {
         EXPECT_LT(worst, 1e-2) << what << ": beyond F16 rounding";
         EXPECT_GT(worst, 1e-5) << what << ": F32-accurate, so the exact GEMM ran";
+      }
+      if (kind == DType::BF16 && n > 16) {
+        EXPECT_LT(off_bf16_product(got, x, n, hw), 1e-5)
+            << what << ": the product of BF16-rounded activations";
       }
     }
   }
