@@ -306,6 +306,19 @@ namespace tokenmill {
 
 namespace {
 constexpr int kGemmMaxBitsSlot = 2;  // gemm_consts_[2]: the bits of the split's abs max
+
+// Calls run(std::integral_constant<int, OP>) for a gate op of gemm_abs_max's numbering (0 none,
+// 1 SiLU, 2 sigmoid): the kernels take it as a template parameter.
+template <class Run>
+void with_gate_op(int op, Run&& run) {
+  if (op == 1) {
+    run(std::integral_constant<int, 1>{});
+  } else if (op == 2) {
+    run(std::integral_constant<int, 2>{});
+  } else {
+    run(std::integral_constant<int, 0>{});
+  }
+}
 }  // namespace
 
 void CudaBackend::init_gemm() {
@@ -376,13 +389,7 @@ void CudaBackend::gemm_abs_max(int op, float* x, const float* y, float* out, int
       cuda::abs_max_kernel<kOp><<<grid, threads, 0, stream_>>>(x, y, out, items, max_bits);
     }
   };
-  if (op == 1) {
-    run(std::integral_constant<int, 1>{});
-  } else if (op == 2) {
-    run(std::integral_constant<int, 2>{});
-  } else {
-    run(std::integral_constant<int, 0>{});
-  }
+  with_gate_op(op, run);
   TM_CUDA_LAUNCHED();
 }
 
@@ -405,13 +412,7 @@ void CudaBackend::gemm_to_bf16(int op, const float* x, const float* y, int64_t n
       cuda::to_bf16_kernel<kOp, 1><<<grid, threads, 0, stream_>>>(x, y, elems, out, gemm_consts_);
     }
   };
-  if (op == 1) {
-    run(std::integral_constant<int, 1>{});
-  } else if (op == 2) {
-    run(std::integral_constant<int, 2>{});
-  } else {
-    run(std::integral_constant<int, 0>{});
-  }
+  with_gate_op(op, run);
   TM_CUDA_LAUNCHED();
 }
 
