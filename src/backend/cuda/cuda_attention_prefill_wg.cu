@@ -335,16 +335,21 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       pa[kk][2] = f16x2_bits(sc[8 * kk + 4], sc[8 * kk + 5]);
       pa[kk][3] = f16x2_bits(sc[8 * kk + 6], sc[8 * kk + 7]);
     }
+    // The P V wgmmas' register operands (o accumulates, pa is read) fenced on both sides of
+    // the asynchronous wgmmas: written before them, read after the wait.
+    const auto fence_pv = [&] {
 #pragma unroll
-    for (int n = 0; n < L::kAtoms; ++n) {
+      for (int n = 0; n < L::kAtoms; ++n) {
 #pragma unroll
-      for (int i = 0; i < 32; ++i) fence_operand(o[n][i]);
-    }
+        for (int i = 0; i < 32; ++i) fence_operand(o[n][i]);
+      }
 #pragma unroll
-    for (int kk = 0; kk < kWgKeys / 16; ++kk) {
+      for (int kk = 0; kk < kWgKeys / 16; ++kk) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) fence_word(pa[kk][i]);  // written before the fence
-    }
+        for (int i = 0; i < 4; ++i) fence_word(pa[kk][i]);
+      }
+    };
+    fence_pv();
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kWgKeys / 16; ++kk) {
@@ -356,16 +361,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
     wgmma_commit();
     wgmma_wait<0>();
-#pragma unroll
-    for (int n = 0; n < L::kAtoms; ++n) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) fence_operand(o[n][i]);
-    }
-#pragma unroll
-    for (int kk = 0; kk < kWgKeys / 16; ++kk) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) fence_word(pa[kk][i]);
-    }
+    fence_pv();
     if (lane == 0) mbar_arrive(empty0 + 8 * st);  // this warp is done with the stage
   }
 
