@@ -80,6 +80,7 @@ size_t dots_smem_floats(int k_dim) {
 // written as KQ[(chunk * Hk + kh) * kDotFloats + {0, kChunk^2} + r * kChunk + s]. Thread (ti, tj)
 // takes rows ti + 16i and columns tj + 16j (i, j < 4), so the rows a quarter-warp reads for its
 // columns fall in distinct banks; prepare reads its products back with the same mapping.
+template <int kD>
 __global__ void __launch_bounds__(kThreads, 2) delta_rule_dots_kernel(ChunkArgs a) {
   pdl_begin();
   extern __shared__ __align__(16) float sh[];
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_dots_kernel(ChunkArgs 
   int L = 0;
   if (!find_chunk(a.seqs, static_cast<int>(blockIdx.x), &tc, &L)) return;
   const int kh = blockIdx.y;
-  const int Hk = a.st.k_heads, Dk = a.st.k_dim;
+  const int Hk = a.st.k_heads, Dk = kD > 0 ? kD : a.st.k_dim;
   const int ld = Dk + 4;
   float* const K_s = sh;                 // [kChunk][ld]
   float* const Q_s = K_s + kChunk * ld;  // [kChunk][ld]
@@ -143,11 +144,12 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_dots_kernel(ChunkArgs 
 }
 
 // Shared memory of prepare (floats): k rows [kChunk][ld] (ld = max(k_dim, v_dim) + 4), A^T and P
-// [kChunk][kLdT] each, G and beta [kChunk] each.
+// [kChunk][kLdT] each, G, beta and e^G [kChunk] each.
 size_t prepare_smem_floats(int ld) {
-  return static_cast<size_t>(kChunk) * ld + 2 * static_cast<size_t>(kChunk) * kLdT + 2 * kChunk;
+  return static_cast<size_t>(kChunk) * ld + 2 * static_cast<size_t>(kChunk) * kLdT + 3 * kChunk;
 }
 
+template <int kD>
 __global__ void __launch_bounds__(kThreads, 2) delta_rule_prepare_kernel(ChunkArgs a) {
   pdl_begin();
   extern __shared__ __align__(16) float sh[];
@@ -155,7 +157,8 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_prepare_kernel(ChunkAr
   int L = 0;
   if (!find_chunk(a.seqs, static_cast<int>(blockIdx.x), &tc, &L)) return;
   const int h = blockIdx.y;
-  const int Hv = a.st.v_heads, Hk = a.st.k_heads, Dk = a.st.k_dim, Dv = a.st.v_dim;
+  const int Hv = a.st.v_heads, Hk = a.st.k_heads;
+  const int Dk = kD > 0 ? kD : a.st.k_dim, Dv = kD > 0 ? kD : a.st.v_dim;
   const int kh = h / (Hv / Hk);
   const int ld = (Dk > Dv ? Dk : Dv) + 4;
   float* const K_s = sh;                    // [kChunk][ld]
@@ -163,6 +166,7 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_prepare_kernel(ChunkAr
   float* const P_s = At_s + kChunk * kLdT;  // [kChunk][kLdT]: P[r][s]
   float* const G_s = P_s + kChunk * kLdT;
   float* const b_s = G_s + kChunk;
+  float* const eG_s = b_s + kChunk;  // e^G_r, once per row (W's right-hand sides)
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int64_t qk_stride = static_cast<int64_t>(Hk) * Dk, v_stride = static_cast<int64_t>(Hv) * Dv;
   // This thread's share of the key head's products (delta_rule_dots_kernel, the same thread
@@ -205,6 +209,8 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_prepare_kernel(ChunkAr
     const double before = run - (g0 + g1);
     G_s[r0] = static_cast<float>(before + g0);
     G_s[r0 + 1] = static_cast<float>(run);
+    eG_s[r0] = expf(G_s[r0]);
+    eG_s[r0 + 1] = expf(G_s[r0 + 1]);
   }
   if (tid < kChunk) b_s[tid] = tid < L ? a.beta[(tc + tid) * Hv + h] : 0.0f;
   __syncthreads();
@@ -243,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_prepare_kernel(ChunkAr
   for (int r = 0; r < kChunk; ++r) {
     float rhs = 0.0f;
     if (r < L) {
-      rhs = is_w ? expf(G_s[r]) * K_s[r * ld + col]
+      rhs = is_w ? eG_s[r] * K_s[r * ld + col]
                  : a.v[(tc + r) * v_stride + static_cast<int64_t>(h) * Dv + col];
     }
     x[r] = b_s[r] * rhs;
@@ -378,7 +384,7 @@ size_t walk_smem_floats() {
 //   C: warp w takes state rows 16 w.. of S <- e^G_L S + k'^T V' (K: the chunk's rows).
 // kFast: one TF32 pass, W, e^G q, k', P and V' rounded to TF32 once as they are staged (each is
 // read by several warps), S (kept in F32: the decay multiplies it every chunk) as it is read.
-template <bool kFast>
+template <bool kFast, int kD>
 __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs a) {
   constexpr Tf32 kStaged = kFast ? Tf32::kRaw : Tf32::kSplit;
   constexpr Tf32 kState = kFast ? Tf32::kRound : Tf32::kSplit;
@@ -392,7 +398,8 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs 
   pdl_begin();
   extern __shared__ __align__(16) float sh[];
   const int s = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * kCols;
-  const int Hv = a.st.v_heads, Hk = a.st.k_heads, Dk = a.st.k_dim, Dv = a.st.v_dim;
+  const int Hv = a.st.v_heads, Hk = a.st.k_heads;
+  const int Dk = kD > 0 ? kD : a.st.k_dim, Dv = kD > 0 ? kD : a.st.v_dim;
   const int kh = h / (Hv / Hk);
   const int Dp = (Dk + 15) / 16 * 16;
   float* const S_s = sh;                    // [Dp][kLdB]
@@ -543,6 +550,37 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_walk_kernel(ChunkArgs 
   }
 }
 
+// The three kernels of one call, compiled for head dims kD (0: the state view's, at run time).
+template <int kD>
+void launch_chunked_kernels(CUstream_st* st, const ChunkArgs& a, const SeqLayout& seqs, bool fast) {
+  const int Dk = a.st.k_dim, Dv = a.st.v_dim;
+  const int ld = (Dk > Dv ? Dk : Dv) + 4;
+  const size_t prep_smem = prepare_smem_floats(ld) * sizeof(float);
+  const size_t walk_smem = walk_smem_floats() * sizeof(float);
+  const size_t dots_smem = dots_smem_floats(Dk) * sizeof(float);
+  TM_CUDA(cudaFuncSetAttribute(delta_rule_dots_kernel<kD>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(dots_smem_floats(kMaxDim) * sizeof(float))));
+  TM_CUDA(cudaFuncSetAttribute(delta_rule_prepare_kernel<kD>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(prepare_smem_floats(kMaxDim + 4) * sizeof(float))));
+  const auto walk = fast ? delta_rule_walk_kernel<true, kD> : delta_rule_walk_kernel<false, kD>;
+  TM_CUDA(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(walk_smem)));
+  // At most n_tokens / kChunk + n_seqs chunks; blocks past the last chunk return at once.
+  const unsigned chunks = static_cast<unsigned>(ws_chunk_bound(seqs));
+  launch_pdl(delta_rule_dots_kernel<kD>, dim3(chunks, static_cast<unsigned>(a.st.k_heads)),
+             dim3(kThreads), dots_smem, st, a);
+  TM_CUDA_LAUNCHED();
+  launch_pdl(delta_rule_prepare_kernel<kD>, dim3(chunks, static_cast<unsigned>(a.st.v_heads)),
+             dim3(kThreads), prep_smem, st, a);
+  TM_CUDA_LAUNCHED();
+  const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(a.st.v_heads),
+                  static_cast<unsigned>((Dv + kCols - 1) / kCols));
+  launch_pdl(walk, grid, dim3(kThreads), walk_smem, st, a);
+  TM_CUDA_LAUNCHED();
+}
+
 }  // namespace
 
 size_t delta_rule_chunked_ws_floats(const GDNStateView& st, const SeqLayout& seqs) {
@@ -574,30 +612,13 @@ bool launch_delta_rule_chunked(CUstream_st* st, const GDNStateView& state, const
   float* U = KQ + ws_chunk_bound(seqs) * state.k_heads * kDotFloats;
   float* G = U + rows * Dv;
   const ChunkArgs a{state, seqs, slots, q, k, v, g, beta, out, W, U, P, G, KQ};
-  const int ld = (Dk > Dv ? Dk : Dv) + 4;
-  const size_t prep_smem = prepare_smem_floats(ld) * sizeof(float);
-  const size_t walk_smem = walk_smem_floats() * sizeof(float);
-  const size_t dots_smem = dots_smem_floats(Dk) * sizeof(float);
-  TM_CUDA(cudaFuncSetAttribute(delta_rule_dots_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(dots_smem_floats(kMaxDim) * sizeof(float))));
-  TM_CUDA(cudaFuncSetAttribute(delta_rule_prepare_kernel,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(prepare_smem_floats(kMaxDim + 4) * sizeof(float))));
-  const auto walk = fast ? delta_rule_walk_kernel<true> : delta_rule_walk_kernel<false>;
-  TM_CUDA(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(walk_smem)));
-  // At most n_tokens / kChunk + n_seqs chunks; blocks past the last chunk return at once.
-  const unsigned chunks = static_cast<unsigned>(ws_chunk_bound(seqs));
-  launch_pdl(delta_rule_dots_kernel, dim3(chunks, static_cast<unsigned>(state.k_heads)),
-             dim3(kThreads), dots_smem, st, a);
-  TM_CUDA_LAUNCHED();
-  launch_pdl(delta_rule_prepare_kernel, dim3(chunks, static_cast<unsigned>(state.v_heads)),
-             dim3(kThreads), prep_smem, st, a);
-  TM_CUDA_LAUNCHED();
-  const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(state.v_heads),
-                  static_cast<unsigned>((Dv + kCols - 1) / kCols));
-  launch_pdl(walk, grid, dim3(kThreads), walk_smem, st, a);
-  TM_CUDA_LAUNCHED();
+  // Qwen3.5's head dims (128) get kernels compiled for them: the staging loops' index
+  // arithmetic by a constant row width (shifts, not divisions by a runtime value).
+  if (Dk == kMaxDim && Dv == kMaxDim) {
+    launch_chunked_kernels<kMaxDim>(st, a, seqs, fast);
+  } else {
+    launch_chunked_kernels<0>(st, a, seqs, fast);
+  }
   return true;
 }
 
