@@ -230,11 +230,25 @@ class CudaBackend final : public Backend {
   // BF16 instead, in one pass with its gate (op as gemm_abs_max's); no scale, no F32 product.
   // gemm_gate_split is either form of a gate and the split.
   void gemm_to_bf16(int op, const float* x, const float* y, int64_t n, int64_t K);
+  // gemm_x_ grown for [n][K] BF16 activations (__nv_bfloat16), the form gemm_split_done takes
+  // with split_parts 0.
+  void* gemm_bf16_input(int64_t n, int64_t K);
+  // The norms (x += y when y is given) with, when to_gemm, their output also written as a BF16
+  // prefill GEMM's activations (gemm_bf16_input; alpha 1): the norm's kernel replaces
+  // gemm_to_bf16's pass. With to_gemm, false (nothing launched) where the fused form does not
+  // apply.
+  bool launch_rmsnorm(float* x, const float* y, const float* w, float* out, int64_t rows, int dim,
+                      float eps, bool to_gemm);
+  bool launch_rmsnorm_gated(const float* o, const float* z, const float* w, float* out,
+                            int64_t rows, int dim, float eps, bool to_gemm);
   void gemm_gate_split(int op, float* x, const float* y, float* act, int64_t n, int64_t K,
                        int parts);
   // Whether linear() takes the prefill GEMM at n rows.
   bool gemm_rows(int64_t n) const;
   void gemm_split_done(int64_t n, const cuda::DevMat& m, int parts, int split_parts, float* out);
+  bool norm_into_bf16_gemms(float* x, const float* y, const float* w, float* h, int64_t rows,
+                            int dim, float eps, const Weight* const* ws, float* const* outs,
+                            int count);
   bool gated_q4_linear(const float* x, const float* y, bool sigmoid_gate, int64_t n,
                        const Weight& w, float* out);
   // moe, with x's 4-bit digits already in the GEMV workspace when `prepared` is given

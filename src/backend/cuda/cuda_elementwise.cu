@@ -1,6 +1,7 @@
 // Elementwise and normalisation ops, rope and the MoE router (topk_softmax). Row reductions
 // run one block per row with F32 tree sums (the CPU sums in F32 too, in another order: the
 // results agree to a few F32 ulps).
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -68,26 +69,46 @@ int vec_row_threads(int dim) {
   return std::clamp((t + 31) / 32 * 32, 32, 1024);
 }
 
+// Four values as BF16 (round to nearest even) at o16[4j] (8-byte aligned).
+__device__ __forceinline__ void store_bf16x4(__nv_bfloat16* o16, int64_t j, float4 v) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
+  reinterpret_cast<uint2*>(o16)[j] =
+      make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+}
+
 // o4[j] = v * f * w for this thread's float4s j = threadIdx.x + i * blockDim.x < n4 (w: the
-// norm's weights, loaded before the dependent-launch wait).
-__device__ __forceinline__ void write_scaled(float4* o4, const float4 (&v)[kVecSlots], int n4,
-                                             float f, const float4 (&w)[kVecSlots]) {
+// norm's weights, loaded before the dependent-launch wait), and the same values as BF16 at
+// o16 when it is given.
+__device__ __forceinline__ void write_scaled(float4* o4, __nv_bfloat16* o16,
+                                             const float4 (&v)[kVecSlots], int n4, float f,
+                                             const float4 (&w)[kVecSlots]) {
 #pragma unroll
   for (int i = 0; i < kVecSlots; ++i) {
     const int j = threadIdx.x + i * blockDim.x;
     if (j < n4) {
-      o4[j] = make_float4(v[i].x * f * w[i].x, v[i].y * f * w[i].y, v[i].z * f * w[i].z,
-                          v[i].w * f * w[i].w);
+      const float4 o = make_float4(v[i].x * f * w[i].x, v[i].y * f * w[i].y, v[i].z * f * w[i].z,
+                                   v[i].w * f * w[i].w);
+      o4[j] = o;
+      if (o16 != nullptr) store_bf16x4(o16, j, o);
     }
   }
 }
 
+// A prefill GEMM's BF16 activations written by the op before it (gemm_to_bf16's contract): the
+// GEMM's alpha is 1.
+__device__ __forceinline__ void set_gemm_alpha(float* alpha) {
+  if (alpha != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *alpha = 1.0f;
+}
+
 // kAdd: x += y first (add_rmsnorm: the residual stream, written back after all loads so that
 // x and y need not be distinct for the loads to overlap). Without kAdd x is only read and out
-// may alias it.
+// may alias it. out16 (optional): the output again as a prefill GEMM's BF16 activations, and
+// *alpha = 1 (set_gemm_alpha).
 template <bool kAdd>
 __global__ void rmsnorm_vec_kernel(float* x, const float* y, const float* __restrict__ w,
-                                   float* out, int dim, float eps) {
+                                   float* out, int dim, float eps, __nv_bfloat16* out16,
+                                   float* alpha) {
   __shared__ float red[32];
   const int n4 = dim / 4;
   const int64_t r = blockIdx.x;
@@ -99,6 +120,7 @@ __global__ void rmsnorm_vec_kernel(float* x, const float* y, const float* __rest
     if (j < n4) wv[i] = reinterpret_cast<const float4*>(w)[j];
   }
   pdl_begin();
+  set_gemm_alpha(alpha);
   float4* x4 = reinterpret_cast<float4*>(x + r * dim);
   const float4* y4 = reinterpret_cast<const float4*>(kAdd ? y + r * dim : nullptr);
   float4 v[kVecSlots];
@@ -123,7 +145,8 @@ __global__ void rmsnorm_vec_kernel(float* x, const float* y, const float* __rest
     }
   }
   const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(dim) + eps);
-  write_scaled(reinterpret_cast<float4*>(out + r * dim), v, n4, inv, wv);
+  write_scaled(reinterpret_cast<float4*>(out + r * dim),
+               out16 != nullptr ? out16 + r * dim : nullptr, v, n4, inv, wv);
 }
 
 __global__ void rmsnorm_gated_kernel(const float* __restrict__ o, const float* __restrict__ z,
@@ -144,10 +167,12 @@ __global__ void rmsnorm_gated_kernel(const float* __restrict__ o, const float* _
 // a block, the norm's weights loaded before the dependent-launch wait. The block per row above
 // gave a prefill's 393,216 head rows of 128 a block of 128 threads each, one value a thread: 473
 // us for the 27B's 8k-token GDN output (600 MB moved, 1.3 TB/s; S29).
+// out16, alpha: as rmsnorm_vec_kernel's.
 template <int kSlots>
 __global__ void rmsnorm_gated_warp_kernel(const float* __restrict__ o, const float* __restrict__ z,
                                           const float* __restrict__ w, float* __restrict__ out,
-                                          int64_t rows, int dim, float eps) {
+                                          int64_t rows, int dim, float eps,
+                                          __nv_bfloat16* __restrict__ out16, float* alpha) {
   const int lane = static_cast<int>(threadIdx.x) & 31, n4 = dim / 4;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
   float4 wv[kSlots];
@@ -157,6 +182,7 @@ __global__ void rmsnorm_gated_warp_kernel(const float* __restrict__ o, const flo
     if (j < n4) wv[i] = reinterpret_cast<const float4*>(w)[j];
   }
   pdl_begin();
+  set_gemm_alpha(alpha);
   if (r >= rows) return;
   const float4* o4 = reinterpret_cast<const float4*>(o + r * dim);
   const float4* z4 = reinterpret_cast<const float4*>(z + r * dim);
@@ -177,9 +203,11 @@ __global__ void rmsnorm_gated_warp_kernel(const float* __restrict__ o, const flo
   for (int i = 0; i < kSlots; ++i) {
     const int j = lane + 32 * i;
     if (j < n4) {
-      y4[j] = make_float4(
+      const float4 g = make_float4(
           wv[i].x * (ov[i].x * inv) * silu_f(zv[i].x), wv[i].y * (ov[i].y * inv) * silu_f(zv[i].y),
           wv[i].z * (ov[i].z * inv) * silu_f(zv[i].z), wv[i].w * (ov[i].w * inv) * silu_f(zv[i].w));
+      y4[j] = g;
+      if (out16 != nullptr) store_bf16x4(out16 + r * dim, j, g);
     }
   }
 }
@@ -400,41 +428,57 @@ using cuda::blocks_for;
 
 void CudaBackend::rmsnorm(const float* x, const float* w, float* out, int64_t rows, int dim,
                           float eps) {
-  if (rows <= 0) return;
-  if (cuda::vec_row_ok(dim, x, w, out, out)) {
-    // x is only read without kAdd.
-    cuda::launch_pdl(cuda::rmsnorm_vec_kernel<false>, static_cast<unsigned>(rows),
-                     cuda::vec_row_threads(dim), 0, stream_, const_cast<float*>(x),
-                     static_cast<const float*>(nullptr), w, out, dim, eps);
-  } else {
-    cuda::launch_pdl(cuda::rmsnorm_kernel, static_cast<unsigned>(rows), cuda::row_threads(dim), 0,
-                     stream_, x, w, out, dim, eps);
-  }
-  TM_CUDA_LAUNCHED();
+  // x is only read without the residual add.
+  launch_rmsnorm(const_cast<float*>(x), nullptr, w, out, rows, dim, eps, false);
 }
 
 void CudaBackend::add_rmsnorm(float* x, const float* y, const float* w, float* out, int64_t rows,
                               int dim, float eps) {
-  if (rows <= 0) return;
-  if (cuda::vec_row_ok(dim, x, y, w, out)) {
-    cuda::launch_pdl(cuda::rmsnorm_vec_kernel<true>, static_cast<unsigned>(rows),
-                     cuda::vec_row_threads(dim), 0, stream_, x, y, w, out, dim, eps);
-  } else {
+  launch_rmsnorm(x, y, w, out, rows, dim, eps, false);
+}
+
+bool CudaBackend::launch_rmsnorm(float* x, const float* y, const float* w, float* out, int64_t rows,
+                                 int dim, float eps, bool to_gemm) {
+  if (rows <= 0) return true;
+  const bool vec = cuda::vec_row_ok(dim, x, y != nullptr ? y : x, w, out);
+  if (to_gemm && !vec) return false;
+  auto* out16 = static_cast<__nv_bfloat16*>(to_gemm ? gemm_bf16_input(rows, dim) : nullptr);
+  float* alpha = to_gemm ? gemm_consts_ : nullptr;
+  if (vec) {
+    const auto kernel =
+        y != nullptr ? cuda::rmsnorm_vec_kernel<true> : cuda::rmsnorm_vec_kernel<false>;
+    cuda::launch_pdl(kernel, static_cast<unsigned>(rows), cuda::vec_row_threads(dim), 0, stream_, x,
+                     y, w, out, dim, eps, out16, alpha);
+  } else if (y != nullptr) {
     cuda::launch_pdl(cuda::add_rmsnorm_kernel, static_cast<unsigned>(rows), cuda::row_threads(dim),
                      0, stream_, x, y, w, out, dim, eps);
+  } else {
+    cuda::launch_pdl(cuda::rmsnorm_kernel, static_cast<unsigned>(rows), cuda::row_threads(dim), 0,
+                     stream_, static_cast<const float*>(x), w, out, dim, eps);
   }
   TM_CUDA_LAUNCHED();
+  return true;
 }
 
 void CudaBackend::rmsnorm_gated(const float* o, const float* z, const float* w, float* out,
                                 int64_t rows, int dim, float eps) {
-  if (rows <= 0) return;
+  launch_rmsnorm_gated(o, z, w, out, rows, dim, eps, false);
+}
+
+bool CudaBackend::launch_rmsnorm_gated(const float* o, const float* z, const float* w, float* out,
+                                       int64_t rows, int dim, float eps, bool to_gemm) {
+  if (rows <= 0) return true;
   const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (dim % 4 == 0 && dim <= 1024 && al(o) && al(z) && al(w) && al(out)) {
+  const bool warp_rows = dim % 4 == 0 && dim <= 1024 && al(o) && al(z) && al(w) && al(out);
+  if (to_gemm && !warp_rows) return false;
+  if (warp_rows) {
+    // The GEMM's activations are the rows of heads: [rows / heads][heads * dim] is [rows][dim].
+    auto* out16 = static_cast<__nv_bfloat16*>(to_gemm ? gemm_bf16_input(rows, dim) : nullptr);
+    float* alpha = to_gemm ? gemm_consts_ : nullptr;
     const auto blocks = static_cast<unsigned>((rows + 7) / 8);
     const int slots = (dim / 4 + 31) / 32;
     const auto launch = [&](auto kernel) {
-      cuda::launch_pdl(kernel, blocks, 256, 0, stream_, o, z, w, out, rows, dim, eps);
+      cuda::launch_pdl(kernel, blocks, 256, 0, stream_, o, z, w, out, rows, dim, eps, out16, alpha);
     };
     if (slots == 1) {
       launch(cuda::rmsnorm_gated_warp_kernel<1>);
@@ -450,6 +494,7 @@ void CudaBackend::rmsnorm_gated(const float* o, const float* z, const float* w, 
                      cuda::row_threads(dim), 0, stream_, o, z, w, out, dim, eps);
   }
   TM_CUDA_LAUNCHED();
+  return true;
 }
 
 void CudaBackend::l2norm(float* x, int64_t rows, int dim, float eps, float scale) {

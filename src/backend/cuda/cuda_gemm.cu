@@ -393,9 +393,13 @@ void CudaBackend::gemm_abs_max(int op, float* x, const float* y, float* out, int
   TM_CUDA_LAUNCHED();
 }
 
+void* CudaBackend::gemm_bf16_input(int64_t n, int64_t K) {
+  return grow_workspace(&gemm_x_, &gemm_x_bytes_,
+                        static_cast<size_t>(n * K) * sizeof(__nv_bfloat16), "prefill GEMM");
+}
+
 void CudaBackend::gemm_to_bf16(int op, const float* x, const float* y, int64_t n, int64_t K) {
-  grow_workspace(&gemm_x_, &gemm_x_bytes_, static_cast<size_t>(n * K) * sizeof(__nv_bfloat16),
-                 "prefill GEMM");
+  auto* out = static_cast<__nv_bfloat16*>(gemm_bf16_input(n, K));
   const int threads = 256;
   const int64_t elems = n * K;
   const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
@@ -403,7 +407,6 @@ void CudaBackend::gemm_to_bf16(int op, const float* x, const float* y, int64_t n
   const int64_t items = vec ? elems / 4 : elems;
   const auto grid = static_cast<unsigned>(
       std::clamp<int64_t>((items + threads - 1) / threads, 1, 4 * int64_t{gemv_ws_.sm_count}));
-  auto* out = static_cast<__nv_bfloat16*>(gemm_x_);
   const auto run = [&](auto op_tag) {
     constexpr int kOp = decltype(op_tag)::value;
     if (vec) {

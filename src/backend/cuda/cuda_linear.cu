@@ -296,7 +296,9 @@ void CudaBackend::rmsnorm_linear_multi(float* x, const float* y, const float* w,
     }
   }
   if (nq == 0) {
-    Backend::rmsnorm_linear_multi(x, y, w, h, rows, dim, eps, ws, outs, count);
+    if (!norm_into_bf16_gemms(x, y, w, h, rows, dim, eps, ws, outs, count)) {
+      Backend::rmsnorm_linear_multi(x, y, w, h, rows, dim, eps, ws, outs, count);
+    }
     return;
   }
   const cuda::Q4Act act =
@@ -327,6 +329,24 @@ void CudaBackend::rmsnorm_linear_multi(float* x, const float* y, const float* w,
   if (nr > 0) linear_multi(h, rows, rest, rest_out, nr);
 }
 
+// Prefill rows whose matrices all take BF16 activations (gemm_parts 0: fast mode, BF16 weights
+// in place): the norm's kernel writes them, then one GEMM per matrix. False (nothing launched)
+// otherwise.
+bool CudaBackend::norm_into_bf16_gemms(float* x, const float* y, const float* w, float* h,
+                                       int64_t rows, int dim, float eps, const Weight* const* ws,
+                                       float* const* outs, int count) {
+  if (!gemm_rows(rows) || count > 16) return false;
+  DevMat ms[16];
+  for (int i = 0; i < count; ++i) {
+    if (ws[i]->experts) return false;
+    ms[i] = cuda::make_devmat(*ws[i], 0);
+    if (ms[i].cols != dim || gemm_parts(ms[i]) != 0) return false;
+  }
+  if (!launch_rmsnorm(x, y, w, h, rows, dim, eps, true)) return false;
+  for (int i = 0; i < count; ++i) gemm_split_done(rows, ms[i], 0, 0, outs[i]);
+  return true;
+}
+
 // 4-bit decode rows: the gated norm's kernel writes the digits (rmsnorm_gated_q4d_kernel).
 void CudaBackend::rmsnorm_gated_linear(const float* o, const float* z, const float* norm_w,
                                        float* normed, int64_t n, int heads, int dim, float eps,
@@ -346,6 +366,15 @@ void CudaBackend::rmsnorm_gated_linear(const float* o, const float* z, const flo
       jobs.out[0] = out;
       jobs.count = 1;
       cuda::launch_q4_gemv(stream_, jobs, act, static_cast<int>(n), cuda::Q4Slots{}, 0, gemv_ws_);
+      return;
+    }
+  }
+  // Prefill into a BF16 GEMM (fast mode): the gated norm's kernel writes its activations.
+  if (gemm_rows(n) && !w.experts) {
+    const DevMat m = cuda::make_devmat(w, 0);
+    if (m.cols == K && gemm_parts(m) == 0 &&
+        launch_rmsnorm_gated(o, z, norm_w, normed, n * heads, dim, eps, true)) {
+      gemm_split_done(n, m, 0, 0, out);
       return;
     }
   }

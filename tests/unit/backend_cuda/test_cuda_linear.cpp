@@ -410,6 +410,85 @@ TEST_F(CudaLinear, FastBf16GatedPrefillIsTheBf16Product) {
   for (float* p : {dg, du, dact, dout}) fast->free(p);
 }
 
+// The prefill norms before BF16 GEMMs at kFast: the norm's kernel writes the GEMM's BF16
+// activations itself (no conversion pass). The products are those of the BF16-rounded norm
+// outputs; h and the residual stream are still written in F32. A 4-bit GEMM runs first, so the
+// F16 split's activation scale sits where the BF16 GEMM's alpha must be 1 again.
+TEST_F(CudaLinear, FastBf16NormedPrefillIsTheBf16Product) {
+  std::unique_ptr<Backend> fast = make_cuda_backend(0, PrefillPrecision::kFast);
+  Rng rng(14);
+  const int64_t D = 256, R0 = 96, R1 = 40, n = 100, heads = 2, hd = 128;
+  const float eps = 1e-6f;
+  const HostWeight w0 = float_weight(rng, DType::BF16, R0, D, 0);
+  const HostWeight w1 = float_weight(rng, DType::BF16, R1, D, 0);
+  const HostWeight q4 = affine_weight(rng, 4, 64, DType::BF16, 64, D, 0);
+  const Weight dw0 = fast->upload_weight(w0.w), dw1 = fast->upload_weight(w1.w);
+  const Weight dq4 = fast->upload_weight(q4.w);
+  const std::vector<float> norm_w = rng.normals(static_cast<size_t>(D), 0.5f);
+  const auto up = [&](const std::vector<float>& v) {
+    auto* p = static_cast<float*>(fast->alloc(v.size() * sizeof(float)));
+    fast->upload(p, v.data(), v.size() * sizeof(float));
+    return p;
+  };
+  const auto down = [&](const float* p, size_t count) {
+    std::vector<float> v(count);
+    fast->download(v.data(), p, count * sizeof(float));
+    return v;
+  };
+  const auto worst_rel = [](const std::vector<float>& got, const std::vector<float>& want) {
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      worst = std::max(worst, std::fabs(double{got[i]} - want[i]) / (std::fabs(want[i]) + 1e-3));
+    }
+    return worst;
+  };
+  float* dnw = up(norm_w);
+  float* dh = up(std::vector<float>(static_cast<size_t>(n * D)));
+  float* dout0 = up(std::vector<float>(static_cast<size_t>(n * R0)));
+  float* dout1 = up(std::vector<float>(static_cast<size_t>(n * R1)));
+  float* dq = up(std::vector<float>(static_cast<size_t>(n * 64)));
+  for (bool residual : {false, true}) {
+    const std::vector<float> x = rng.normals(static_cast<size_t>(n * D), 3.0f),
+                             y = rng.normals(x.size());
+    float *dx = up(x), *dy = up(y);
+    fast->linear(dx, n, dq4, dq);  // leaves the F16 split's scale in the GEMM's constants
+    const Weight* ws[] = {&dw0, &dw1};
+    float* outs[] = {dout0, dout1};
+    fast->rmsnorm_linear_multi(dx, residual ? dy : nullptr, dnw, dh, n, static_cast<int>(D), eps,
+                               ws, outs, 2);
+    std::vector<float> xs = x, h(x.size());
+    if (residual) {
+      cpu->add_rmsnorm(xs.data(), y.data(), norm_w.data(), h.data(), n, static_cast<int>(D), eps);
+    } else {
+      cpu->rmsnorm(xs.data(), norm_w.data(), h.data(), n, static_cast<int>(D), eps);
+    }
+    const std::string what = residual ? "add_rmsnorm" : "rmsnorm";
+    EXPECT_LT(worst_rel(down(dh, h.size()), h), 1e-5) << what << ": h in F32";
+    EXPECT_LT(worst_rel(down(dx, xs.size()), xs), 1e-6) << what << ": the residual stream";
+    EXPECT_LT(off_bf16_product(down(dout0, static_cast<size_t>(n * R0)), h, n, w0, 4e-6), 1e-5)
+        << what << ": first matrix";
+    EXPECT_LT(off_bf16_product(down(dout1, static_cast<size_t>(n * R1)), h, n, w1, 4e-6), 1e-5)
+        << what << ": second matrix";
+    fast->free(dx);
+    fast->free(dy);
+  }
+  // The GDN output projection: heads of hd, gated by silu(z).
+  const std::vector<float> o = rng.normals(static_cast<size_t>(n * D), 2.0f),
+                           z = rng.normals(o.size());
+  const std::vector<float> gnw = rng.normals(static_cast<size_t>(hd), 0.5f);
+  float *d_o = up(o), *dz = up(z), *dgnw = up(gnw);
+  fast->linear(d_o, n, dq4, dq);
+  fast->rmsnorm_gated_linear(d_o, dz, dgnw, dh, n, static_cast<int>(heads), static_cast<int>(hd),
+                             eps, dw0, dout0);
+  std::vector<float> g(o.size());
+  cpu->rmsnorm_gated(o.data(), z.data(), gnw.data(), g.data(), n * heads, static_cast<int>(hd),
+                     eps);
+  EXPECT_LT(worst_rel(down(dh, g.size()), g), 1e-5) << "rmsnorm_gated: normed in F32";
+  EXPECT_LT(off_bf16_product(down(dout0, static_cast<size_t>(n * R0)), g, n, w0, 4e-6), 1e-5)
+      << "rmsnorm_gated_linear";
+  for (float* p : {dnw, dh, dout0, dout1, dq, d_o, dz, dgnw}) fast->free(p);
+}
+
 // PrefillPrecision::kFast: one pass. Its error is F16's (2^-11 relative per operand, summed
 // over K terms: about 1e-3 of the output's rms) where the exact mode's is F32's (1e-6), so both
 // bounds show the fast pass is the one taken; decode (n <= 16) stays exact. BF16 weights are
