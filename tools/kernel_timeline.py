@@ -6,6 +6,7 @@
         --preset qwen3.5-27b --quant q4g64 --prompt-lengths 32 --contexts 1024 --batches 1 \\
         --decode-tokens 16
     tools/kernel_timeline.py trace.csv [--marker embed_kernel] [--steps 8] [--show 40]
+    tools/kernel_timeline.py trace.csv --longest --steps 1    # a prompt's prefill step
 
 The trace (tools/kernel_trace) holds each kernel's start and end on the GPU clock with no
 serialization, so it shows what a replayed step really costs. A step starts at a --marker
@@ -43,6 +44,9 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--marker", default="embed_kernel", help="kernel that starts a step")
     ap.add_argument("--steps", type=int, default=8, help="whole steps to average, the last ones")
+    ap.add_argument("--longest", action="store_true",
+                    help="the --steps longest whole steps instead of the last ones (a prompt's "
+                         "prefill among the short decode steps of a bench run)")
     ap.add_argument("--show", type=int, default=40, help="kernels of the last step to list")
     ap.add_argument("--tail", type=int, default=12, help="last rows of the last step to list")
     ap.add_argument("--top", type=int, default=20, help="kernel names to list")
@@ -51,7 +55,11 @@ def main():
     marks = [i for i, r in enumerate(rows) if short_name(r[4]) == args.marker]
     if len(marks) < 2:
         sys.exit(f"{args.csv}: fewer than two '{args.marker}' launches: no whole step")
-    bounds = list(zip(marks[:-1], marks[1:]))[-args.steps:]
+    bounds = list(zip(marks[:-1], marks[1:]))
+    if args.longest:
+        bounds = sorted(sorted(bounds, key=lambda ab: rows[ab[1]][0] - rows[ab[0]][0])[-args.steps:])
+    else:
+        bounds = bounds[-args.steps:]
     walls, kernel_ns, incr_ns, between_ns = [], [], [], []
     per = collections.defaultdict(lambda: [0, 0, 0])  # launches, duration ns, increment ns
     for a, b in bounds:
