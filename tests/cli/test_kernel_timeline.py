@@ -4,8 +4,9 @@ whole step (between the last two embedding launches) is summarized by kernel nam
 kernel's increment of the step's latest end (its share of the critical path, overlaps not
 counted twice), the step's wall, kernel and idle time (and the part of it between the step's last
 end and the next step's first launch), the step's last rows with the next step's first, and the
-gap of a dependent launch that started before its predecessor ended; a trace without two steps
-is refused with a message."""
+gap of a dependent launch that started before its predecessor ended; --longest takes the
+longest steps (a prompt's) instead of the last; a trace without two steps is refused with a
+message."""
 import csv
 import os
 import subprocess
@@ -62,6 +63,19 @@ with tempfile.TemporaryDirectory() as d:
     assert r.stdout.splitlines()[0].endswith(
         "wall 10.0 us (min 10.0), kernel time 4.7 us, critical path 4.3 us, idle 5.7 us "
         "(between steps 5.7 us)"), r.stdout
+
+    # --longest: a prompt's long step among short decode steps after it.
+    prompt = [(0, 1000, embed), (500, 30000, gemv)]
+    decode = [(31000, 31500, embed), (31400, 32000, norm), (33000, 33100, embed)]
+    write(p, prompt + decode)
+    r = run(p, "--steps", "1", "--longest")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == (
+        "1 steps: 2 kernels, wall 31.0 us (min 31.0), kernel time 30.5 us, critical path "
+        "30.0 us, idle 1.0 us (between steps 1.0 us)"), r.stdout
+    r = run(p, "--steps", "1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith("1 steps: 2 kernels, wall 2.0 us"), r.stdout
 
     write(p, step1)
     r = run(p)
