@@ -76,6 +76,14 @@ void Backend::gdn_mixer(const GDNStateView& st, const SeqLayout& seqs, const int
                        *w.out_proj, out);
 }
 
+void Backend::mlp_block(float* x, const float* y, int64_t n, int hidden, const MlpBlockWeights& b,
+                        const MlpBlockScratch& s, float* out) {
+  const Weight* ws[] = {b.gate, b.up};
+  float* outs[] = {s.gate, s.up};
+  rmsnorm_linear_multi(x, y, b.norm, s.h, n, hidden, b.eps, ws, outs, 2);
+  silu_mul_linear(s.gate, s.up, n, *b.down, out, s.act);
+}
+
 void Backend::moe_block(float* x, const float* y, int64_t n, int hidden, const MoeBlockWeights& b,
                         const MoeBlockScratch& s, float* out) {
   const int E = static_cast<int>(b.router->rows);

@@ -171,6 +171,24 @@ struct MoeBlockScratch {
   float* scratch = nullptr;
 };
 
+// A dense gated MLP block (Backend::mlp_block): its post-mixer norm and its three matrices.
+struct MlpBlockWeights {
+  const float* norm = nullptr;  // [hidden]
+  float eps = 0.0f;
+  const Weight* gate = nullptr;  // [inter, hidden]
+  const Weight* up = nullptr;
+  const Weight* down = nullptr;  // [hidden, inter]
+};
+
+// Where a dense MLP block's intermediates may go: h [n, hidden], gate, up and act [n, inter]
+// floats each. They are the block's workspace: what they hold afterwards is unspecified.
+struct MlpBlockScratch {
+  float* h = nullptr;
+  float* gate = nullptr;
+  float* up = nullptr;
+  float* act = nullptr;
+};
+
 // Scratch floats Backend::moe needs for n tokens of k routed experts (expert width inter) and an
 // optional shared expert (width shared_inter; 0: none).
 inline int64_t moe_scratch_floats(int64_t n, int64_t k, int64_t inter, int64_t shared_inter,
@@ -501,6 +519,11 @@ class Backend {
   virtual void moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
                    const Weight& gate, const Weight& up, const Weight& down,
                    const SharedExpert* shared, float* out, float* scratch) = 0;
+  // The dense MLP block of n rows: x += y (when y is not null), h = rmsnorm(x) * b.norm, then
+  // out = down(silu(gate(h)) * up(h)). The default runs rmsnorm_linear_multi and
+  // silu_mul_linear; a backend may keep the intermediates in its own formats (s is workspace).
+  virtual void mlp_block(float* x, const float* y, int64_t n, int hidden, const MlpBlockWeights& b,
+                         const MlpBlockScratch& s, float* out);
   // The MoE block of n rows: x += y (when y is not null), h = rmsnorm(x) * b.norm, the router's
   // logits of h (and the shared expert's gate logit), topk_softmax,
   // then moe(h, ...) into out. The default runs those ops; a backend may fuse the norm, router

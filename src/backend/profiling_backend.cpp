@@ -209,7 +209,13 @@ void ProfilingBackend::moe(const float* x, int64_t n, int k, const int32_t* ids,
   timed("moe " + weight_label(gate), n,
         [&] { in_.moe(x, n, k, ids, weights, gate, up, down, shared, out, scratch); });
 }
-// The inner backend's own block (a fused front where it has one), timed as one op.
+// The inner backend's own blocks (fused where it fuses them), each timed as one op.
+void ProfilingBackend::mlp_block(float* x, const float* y, int64_t n, int hidden,
+                                 const MlpBlockWeights& b, const MlpBlockScratch& s, float* out) {
+  timed(
+      "mlp_block " + weight_label(*b.gate), n, [&] { in_.mlp_block(x, y, n, hidden, b, s, out); },
+      matrix_flops(n, *b.gate) + matrix_flops(n, *b.up) + matrix_flops(n, *b.down));
+}
 void ProfilingBackend::moe_block(float* x, const float* y, int64_t n, int hidden,
                                  const MoeBlockWeights& b, const MoeBlockScratch& s, float* out) {
   timed("moe_block " + weight_label(*b.gate), n,

@@ -140,6 +140,8 @@ class ProfilingBackend final : public Backend {
   void moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
            const Weight& gate, const Weight& up, const Weight& down, const SharedExpert* shared,
            float* out, float* scratch) override;
+  void mlp_block(float* x, const float* y, int64_t n, int hidden, const MlpBlockWeights& b,
+                 const MlpBlockScratch& s, float* out) override;
   void moe_block(float* x, const float* y, int64_t n, int hidden, const MoeBlockWeights& b,
                  const MoeBlockScratch& s, float* out) override;
 

@@ -571,12 +571,12 @@ void Model::ffn_block(const LayerWeights& L, int T) {
   const FFNWeights& f = L.ffn;
   if (!f.moe) {
     // x += the mixer's output; h = post_norm(x); gate and up of h; the down projection.
-    const Weight* ws[] = {&f.gate_proj, &f.up_proj};
-    float* outs[] = {s.ff_gate, s.ff_up};
-    backend_.rmsnorm_linear_multi(s.x, s.mix, L.post_norm.data, s.h, T,
-                                  static_cast<int>(cfg_.hidden_size),
-                                  static_cast<float>(cfg_.rms_norm_eps), ws, outs, 2);
-    backend_.silu_mul_linear(s.ff_gate, s.ff_up, T, f.down_proj, s.ff_out, s.ff_act);
+    MlpBlockWeights b;
+    b.norm = L.post_norm.data;
+    b.eps = static_cast<float>(cfg_.rms_norm_eps);
+    b.gate = &f.gate_proj, b.up = &f.up_proj, b.down = &f.down_proj;
+    const MlpBlockScratch bs{s.h, s.ff_gate, s.ff_up, s.ff_act};
+    backend_.mlp_block(s.x, s.mix, T, static_cast<int>(cfg_.hidden_size), b, bs, s.ff_out);
     return;
   }
   // The norm, the router (with the shared expert's gate logit), top-k and the experts in one

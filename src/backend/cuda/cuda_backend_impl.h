@@ -212,6 +212,8 @@ class CudaBackend final : public Backend {
            float* out, float* scratch) override;
   void moe_block(float* x, const float* y, int64_t n, int hidden, const MoeBlockWeights& b,
                  const MoeBlockScratch& s, float* out) override;
+  void mlp_block(float* x, const float* y, int64_t n, int hidden, const MlpBlockWeights& b,
+                 const MlpBlockScratch& s, float* out) override;
 
   CUstream_st* stream() const { return stream_; }
 
@@ -235,8 +237,8 @@ class CudaBackend final : public Backend {
   void* gemm_bf16_input(int64_t n, int64_t K);
   // The norms (x += y when y is given) with, when to_gemm, their output also written as a BF16
   // prefill GEMM's activations (gemm_bf16_input; alpha 1): the norm's kernel replaces
-  // gemm_to_bf16's pass. With to_gemm, false (nothing launched) where the fused form does not
-  // apply.
+  // gemm_to_bf16's pass (and out may then be null: the BF16 rows only). With to_gemm, false
+  // (nothing launched) where the fused form does not apply.
   bool launch_rmsnorm(float* x, const float* y, const float* w, float* out, int64_t rows, int dim,
                       float eps, bool to_gemm);
   bool launch_rmsnorm_gated(const float* o, const float* z, const float* w, float* out,
@@ -246,6 +248,12 @@ class CudaBackend final : public Backend {
   // Whether linear() takes the prefill GEMM at n rows.
   bool gemm_rows(int64_t n) const;
   void gemm_split_done(int64_t n, const cuda::DevMat& m, int parts, int split_parts, float* out);
+  // A BF16 weight (gemm_parts 0) times the BF16 activations in the workspace, the product
+  // rounded to BF16: out16 [n][m.rows] (__nv_bfloat16).
+  void gemm_bf16_product(int64_t n, const cuda::DevMat& m, void* out16);
+  // The down projection's BF16 activations bf16(silu(gate) * up) from BF16 gate and up rows of
+  // K values into the workspace (gemm_bf16_input), alpha 1.
+  void gemm_silu_mul_bf16(const void* gate16, const void* up16, int64_t n, int64_t K);
   bool norm_into_bf16_gemms(float* x, const float* y, const float* w, float* h, int64_t rows,
                             int dim, float eps, const Weight* const* ws, float* const* outs,
                             int count);

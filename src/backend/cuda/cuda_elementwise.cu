@@ -89,7 +89,7 @@ __device__ __forceinline__ void write_scaled(float4* o4, __nv_bfloat16* o16,
     if (j < n4) {
       const float4 o = make_float4(v[i].x * f * w[i].x, v[i].y * f * w[i].y, v[i].z * f * w[i].z,
                                    v[i].w * f * w[i].w);
-      o4[j] = o;
+      if (o4 != nullptr) o4[j] = o;
       if (o16 != nullptr) store_bf16x4(o16, j, o);
     }
   }
@@ -145,7 +145,7 @@ __global__ void rmsnorm_vec_kernel(float* x, const float* y, const float* __rest
     }
   }
   const float inv = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(dim) + eps);
-  write_scaled(reinterpret_cast<float4*>(out + r * dim),
+  write_scaled(out != nullptr ? reinterpret_cast<float4*>(out + r * dim) : nullptr,
                out16 != nullptr ? out16 + r * dim : nullptr, v, n4, inv, wv);
 }
 
@@ -442,6 +442,7 @@ bool CudaBackend::launch_rmsnorm(float* x, const float* y, const float* w, float
   if (rows <= 0) return true;
   const bool vec = cuda::vec_row_ok(dim, x, y != nullptr ? y : x, w, out);
   if (to_gemm && !vec) return false;
+  TM_CUDA_REQUIRE(out != nullptr || to_gemm, "rmsnorm: no output");
   auto* out16 = static_cast<__nv_bfloat16*>(to_gemm ? gemm_bf16_input(rows, dim) : nullptr);
   float* alpha = to_gemm ? gemm_consts_ : nullptr;
   if (vec) {

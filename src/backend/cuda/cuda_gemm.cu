@@ -15,7 +15,7 @@
 // for those who trade the agreement for speed; with BF16 weights it is "zero parts": cuBLAS
 // reads the weights in place and the activations are rounded to BF16 (as other engines' BF16
 // prefill), which saves the weight conversion (a read and a write of every weight byte, 3.5% of
-// a bf16 8k prefill).
+// a bf16 8k prefill); the dense MLP block then keeps its gate and up in BF16 too (mlp_block).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -299,6 +299,41 @@ __global__ void to_bf16_kernel(const float* __restrict__ x, const float* __restr
   }
 }
 
+// out[i] = bf16(silu(gate[i]) * up[i]) over n8 runs of 8 BF16 values (16-byte aligned), and
+// consts[0] = 1 (the down GEMM's alpha): the dense MLP's gate in fast mode, its F32 form
+// (to_bf16_kernel's OP 1) reading twice the bytes. kUnroll runs loaded before any is used.
+__global__ void silu_mul_bf16_kernel(const uint4* __restrict__ gate, const uint4* __restrict__ up,
+                                     int64_t n8, uint4* __restrict__ out,
+                                     float* __restrict__ consts) {
+  constexpr int kUnroll = 4;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (first == 0) consts[0] = 1.0f;
+  for (int64_t i0 = first; i0 < n8; i0 += kUnroll * stride) {
+    uint4 a[kUnroll], b[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = i0 + u * stride;
+      if (i < n8) a[u] = gate[i], b[u] = up[i];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = i0 + u * stride;
+      if (i >= n8) break;
+      const auto* ga = reinterpret_cast<const __nv_bfloat162*>(&a[u]);
+      const auto* ub = reinterpret_cast<const __nv_bfloat162*>(&b[u]);
+      uint4 o;
+      auto* op = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 g = __bfloat1622float2(ga[k]), v = __bfloat1622float2(ub[k]);
+        op[k] = __floats2bfloat162_rn(silu_f(g.x) * v.x, silu_f(g.y) * v.y);
+      }
+      out[i] = o;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tokenmill::cuda
 
@@ -458,6 +493,52 @@ void CudaBackend::gemm(const float* x, int64_t n, const cuda::DevMat& m, float* 
   const int parts = gemm_parts(m);
   gemm_split(x, n, m.cols, parts);
   gemm_split_done(n, m, parts, parts, out);
+}
+
+void CudaBackend::gemm_bf16_product(int64_t n, const cuda::DevMat& m, void* out16) {
+  auto* h = static_cast<cublasHandle_t>(cublas_);
+  const int rows = static_cast<int>(m.rows), ik = static_cast<int>(m.cols);
+  TM_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, static_cast<int>(n), ik, gemm_consts_,
+                         m.data, CUDA_R_16BF, ik, gemm_x_, CUDA_R_16BF, ik, gemm_consts_ + 1, out16,
+                         CUDA_R_16BF, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaBackend::gemm_silu_mul_bf16(const void* gate16, const void* up16, int64_t n, int64_t K) {
+  auto* out = gemm_bf16_input(n, K);
+  const int threads = 256;
+  const int64_t n8 = n * K / 8;
+  const auto grid = static_cast<unsigned>(
+      std::clamp<int64_t>((n8 + threads - 1) / threads, 1, 4 * int64_t{gemv_ws_.sm_count}));
+  cuda::silu_mul_bf16_kernel<<<grid, threads, 0, stream_>>>(static_cast<const uint4*>(gate16),
+                                                            static_cast<const uint4*>(up16), n8,
+                                                            static_cast<uint4*>(out), gemm_consts_);
+  TM_CUDA_LAUNCHED();
+}
+
+// Fast mode with BF16 weights read in place (gemm_parts 0 for all three matrices): the norm
+// writes only the gate and up GEMMs' BF16 activations (h in F32 is nobody's input here), gate
+// and up come out of their GEMMs as BF16 (into the scratch's gate and up rows), and one pass
+// makes the down GEMM's BF16 activations of them. The op-by-op form wrote and read gate and up
+// in F32 (1.14 GB a 27B layer at 8k tokens) only to round their product to BF16. Anything else
+// takes the default.
+void CudaBackend::mlp_block(float* x, const float* y, int64_t n, int hidden,
+                            const MlpBlockWeights& b, const MlpBlockScratch& s, float* out) {
+  const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (gemm_rows(n) && !b.gate->experts && !b.up->experts && !b.down->experts && al(s.gate) &&
+      al(s.up)) {
+    const cuda::DevMat g = cuda::make_devmat(*b.gate, 0), u = cuda::make_devmat(*b.up, 0),
+                       d = cuda::make_devmat(*b.down, 0);
+    if (gemm_parts(g) == 0 && gemm_parts(u) == 0 && gemm_parts(d) == 0 && g.cols == hidden &&
+        u.cols == hidden && u.rows == g.rows && d.cols == g.rows && g.rows % 8 == 0 &&
+        launch_rmsnorm(x, y, b.norm, nullptr, n, hidden, b.eps, true)) {
+      gemm_bf16_product(n, g, s.gate);
+      gemm_bf16_product(n, u, s.up);
+      gemm_silu_mul_bf16(s.gate, s.up, n, g.rows);
+      gemm_split_done(n, d, 0, 0, out);
+      return;
+    }
+  }
+  Backend::mlp_block(x, y, n, hidden, b, s, out);
 }
 
 // One GEMM over K' = parts * K: out^T [rows, n] = [W_hi W_hi W_lo] [x_hi; x_lo; x_hi] (F16

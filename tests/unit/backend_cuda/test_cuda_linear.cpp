@@ -489,6 +489,119 @@ TEST_F(CudaLinear, FastBf16NormedPrefillIsTheBf16Product) {
   for (float* p : {dnw, dh, dout0, dout1, dq, d_o, dz, dgnw}) fast->free(p);
 }
 
+// Interval arithmetic for products of BF16-rounded values: each value as the span [lo, hi] of
+// what the device may hold, so a rounding may go either way only where the value sits that close
+// to a BF16 boundary.
+struct Span {
+  double lo = 0, hi = 0;
+};
+double bf16_of(double v) {
+  return bf16_to_f32(f32_to_bf16(static_cast<float>(v)));
+}
+// The BF16 roundings of [lo, hi] widened by rel (the device's F32 arithmetic).
+Span bf16_span(double lo, double hi, double rel) {
+  const double a = bf16_of(lo - rel * std::fabs(lo)), b = bf16_of(hi + rel * std::fabs(hi));
+  return {std::min(a, b), std::max(a, b)};
+}
+// Rows of x [n][K] (spans) times BF16 weights hw: each output's span, widened by F32
+// accumulation's reach (2^-20 of the sum of the terms' magnitudes).
+std::vector<Span> span_product(const std::vector<Span>& x, int64_t n, const HostWeight& hw) {
+  const auto* wb = reinterpret_cast<const uint16_t*>(hw.data.data());
+  const int64_t K = hw.w.cols, R = hw.w.rows;
+  std::vector<Span> out(static_cast<size_t>(n * R));
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t o = 0; o < R; ++o) {
+      double mid = 0, half = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const Span& v = x[static_cast<size_t>(r * K + k)];
+        const double w = bf16_to_f32(wb[o * K + k]);
+        mid += w * (v.lo + v.hi) / 2;
+        half += std::fabs(w) * (v.hi - v.lo) / 2;
+        mag += std::fabs(w) * std::max(std::fabs(v.lo), std::fabs(v.hi));
+      }
+      half += mag * std::ldexp(1.0, -20);
+      out[static_cast<size_t>(r * R + o)] = {mid - half, mid + half};
+    }
+  }
+  return out;
+}
+
+// The dense MLP block at kFast with BF16 weights: the norm feeds the gate and up GEMMs in BF16,
+// gate and up come out rounded to BF16, and the down GEMM takes bf16(silu(gate) * up). The
+// output must be that chain's product (each rounding may go either way only where the value sits
+// at a BF16 boundary within F32 accumulation's reach); with gate and up kept in F32 it is about
+// 1e-3 of the output's rms away, a hundred times the bound.
+TEST_F(CudaLinear, FastBf16MlpBlockRoundsGateAndUp) {
+  std::unique_ptr<Backend> fast = make_cuda_backend(0, PrefillPrecision::kFast);
+  Rng rng(15);
+  const int64_t D = 256, I = 96, n = 100;
+  const float eps = 1e-6f;
+  const HostWeight wg = float_weight(rng, DType::BF16, I, D, 0);
+  const HostWeight wu = float_weight(rng, DType::BF16, I, D, 0);
+  const HostWeight wd = float_weight(rng, DType::BF16, D, I, 0);
+  const Weight dg = fast->upload_weight(wg.w), du = fast->upload_weight(wu.w),
+               dd = fast->upload_weight(wd.w);
+  const std::vector<float> norm_w = rng.normals(static_cast<size_t>(D), 0.5f);
+  const auto up = [&](const std::vector<float>& v) {
+    auto* p = static_cast<float*>(fast->alloc(v.size() * sizeof(float)));
+    fast->upload(p, v.data(), v.size() * sizeof(float));
+    return p;
+  };
+  const auto down = [&](const float* p, size_t count) {
+    std::vector<float> v(count);
+    fast->download(v.data(), p, count * sizeof(float));
+    return v;
+  };
+  for (bool residual : {false, true}) {
+    const std::string what = residual ? "with the residual add" : "without";
+    const std::vector<float> x = rng.normals(static_cast<size_t>(n * D), 3.0f),
+                             y = rng.normals(x.size());
+    std::vector<float*> scratch;
+    for (int64_t floats : {n * D, n * I, n * I, n * I}) {
+      scratch.push_back(up(std::vector<float>(static_cast<size_t>(floats))));
+    }
+    float *dx = up(x), *dy = up(y), *dnw = up(norm_w);
+    float* dout = up(std::vector<float>(static_cast<size_t>(n * D)));
+    MlpBlockWeights b;
+    b.norm = dnw, b.eps = eps, b.gate = &dg, b.up = &du, b.down = &dd;
+    const MlpBlockScratch bs{scratch[0], scratch[1], scratch[2], scratch[3]};
+    fast->mlp_block(dx, residual ? dy : nullptr, n, static_cast<int>(D), b, bs, dout);
+
+    std::vector<float> xs = x, h(x.size());
+    if (residual) {
+      cpu->add_rmsnorm(xs.data(), y.data(), norm_w.data(), h.data(), n, static_cast<int>(D), eps);
+    } else {
+      cpu->rmsnorm(xs.data(), norm_w.data(), h.data(), n, static_cast<int>(D), eps);
+    }
+    std::vector<Span> h16(h.size());
+    for (size_t i = 0; i < h.size(); ++i) h16[i] = bf16_span(h[i], h[i], 4e-6);
+    const std::vector<Span> gate = span_product(h16, n, wg), upv = span_product(h16, n, wu);
+    std::vector<Span> act(gate.size());
+    const auto silu = [](double v) { return v / (1 + std::exp(-v)); };
+    for (size_t i = 0; i < act.size(); ++i) {
+      const Span g = bf16_span(gate[i].lo, gate[i].hi, 0), u = bf16_span(upv[i].lo, upv[i].hi, 0);
+      double lo = INFINITY, hi = -INFINITY;
+      for (double gv : {g.lo, g.hi}) {
+        for (double uv : {u.lo, u.hi}) {
+          lo = std::min(lo, silu(gv) * uv), hi = std::max(hi, silu(gv) * uv);
+        }
+      }
+      act[i] = bf16_span(lo, hi, 2e-6);
+    }
+    const std::vector<Span> want = span_product(act, n, wd);
+    const std::vector<float> got = down(dout, want.size());
+    double off = 0, ss = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      off = std::max({off, want[i].lo - got[i], got[i] - want[i].hi});
+      ss += double{got[i]} * got[i];
+    }
+    EXPECT_LT(off / std::sqrt(ss / static_cast<double>(want.size())), 1e-5) << what;
+    expect_close(down(dx, xs.size()), xs, 1e-6, what + ": the residual stream");
+    for (float* p : {dx, dy, dnw, dout}) fast->free(p);
+    for (float* p : scratch) fast->free(p);
+  }
+}
+
 // PrefillPrecision::kFast: one pass. Its error is F16's (2^-11 relative per operand, summed
 // over K terms: about 1e-3 of the output's rms) where the exact mode's is F32's (1e-6), so both
 // bounds show the fast pass is the one taken; decode (n <= 16) stays exact. BF16 weights are
