@@ -1,8 +1,9 @@
 // One layer's prefill sequence mixers on any backend, at a model preset's shape: causal
-// attention over a BF16 paged cache (Backend::attention) and the gated delta rule
-// (Backend::gated_delta_rule), for sequences of `--tokens` new rows after `--prefix` cached
-// positions each. Prints milliseconds per call (the best of `--reps`) and, for attention, the
-// rate of its causal products (4 x heads x head_dim FLOP per query row and key it sees). The
+// attention over a BF16 paged cache (Backend::attention), the gated delta rule
+// (Backend::gated_delta_rule) and the GDN front before it (Backend::gdn_front), for sequences of
+// `--tokens` new rows after `--prefix` cached positions each. Prints milliseconds per call (the
+// best of `--reps`) and, for attention, the rate of its causal products (4 x heads x head_dim
+// FLOP per query row and key it sees); for the front, its channel rows' bytes in and out. The
 // kernels a backend picks follow its precision (`--prefill-precision fast` on CUDA), so the two
 // runs of one build compare the forms. Inputs are random (cache and queries filled on the
 // device; the delta rule's gates drawn on the host inside their ranges). Not a test.
@@ -72,7 +73,7 @@ double best_ms(Backend& be, int reps, F&& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"One layer's prefill attention and delta rule on a backend"};
+  CLI::App app{"One layer's prefill attention, GDN front and delta rule on a backend"};
   app::DeviceOptions dev;
   std::string preset = "qwen3.5-27b";
   int tokens = 8192, prefix = 0, seqs = 1, reps = 5;
@@ -176,6 +177,32 @@ int main(int argc, char** argv) {
     });
     std::printf("delta rule  %2d/%d heads of %d: %9.3f ms  %8.1f k rows/s\n", st.v_heads,
                 st.k_heads, st.k_dim, ms, T / ms);
+
+    // The front before it: the conv over the input projection's q, k and v channels, SiLU, the
+    // q/k l2norms and the gates; it moves the channels' rows in and out once (F32).
+    st.kernel = 4;
+    st.channels = 2 * int64_t{st.k_heads} * st.k_dim + int64_t{st.v_heads} * st.v_dim;
+    const int64_t C = st.channels;
+    st.conv = buf.random<float>(seqs * C * (st.kernel - 1), DType::F32, 1.0f, 12);
+    const float* qkv = buf.random<float>(int64_t{T} * C, DType::F32, 1.0f, 13);
+    const float* conv_w = buf.random<float>(C * st.kernel, DType::F32, 0.5f, 14);
+    const float* a = buf.random<float>(int64_t{T} * st.v_heads, DType::F32, 1.0f, 15);
+    const float* b = buf.random<float>(int64_t{T} * st.v_heads, DType::F32, 1.0f, 16);
+    const float* a_log = buf.random<float>(st.v_heads, DType::F32, 0.5f, 17);
+    const float* dt_bias = buf.random<float>(st.v_heads, DType::F32, 0.5f, 18);
+    float* conv_out = buf.random<float>(int64_t{T} * C, DType::F32, 0.0f, 19);
+    float* fq = buf.random<float>(qk_n, DType::F32, 0.0f, 20);
+    float* fk = buf.random<float>(qk_n, DType::F32, 0.0f, 21);
+    float* fv = buf.random<float>(int64_t{T} * st.v_heads * st.v_dim, DType::F32, 0.0f, 22);
+    float* fg = buf.random<float>(int64_t{T} * st.v_heads, DType::F32, 0.0f, 23);
+    float* fbeta = buf.random<float>(int64_t{T} * st.v_heads, DType::F32, 0.0f, 24);
+    const double front_ms = best_ms(be, reps, [&] {
+      be.gdn_front(st, layout, dslots, qkv, conv_w, a, b, a_log, dt_bias, conv_out, fq, fk, fv, fg,
+                   fbeta);
+    });
+    const double bytes = 2.0 * static_cast<double>(T) * C * sizeof(float);
+    std::printf("gdn front   %2d/%d heads of %d: %9.3f ms  %8.1f GB/s of channel rows in and out\n",
+                st.v_heads, st.k_heads, st.k_dim, front_ms, bytes / front_ms / 1e6);
   }
   return 0;
 }

@@ -80,7 +80,7 @@ void Backend::mlp_block(float* x, const float* y, int64_t n, int hidden, const M
                         const MlpBlockScratch& s, float* out) {
   const Weight* ws[] = {b.gate, b.up};
   float* outs[] = {s.gate, s.up};
-  rmsnorm_linear_multi(x, y, b.norm, s.h, n, hidden, b.eps, ws, outs, 2);
+  rmsnorm_linear_multi(x, y, b.norm, s.h, false, n, hidden, b.eps, ws, outs, 2);
   silu_mul_linear(s.gate, s.up, n, *b.down, out, s.act);
 }
 
@@ -90,7 +90,7 @@ void Backend::moe_block(float* x, const float* y, int64_t n, int hidden, const M
   const bool shared = b.has_shared();
   const Weight* ws[] = {b.router, b.shared_expert_gate};
   float* outs[] = {s.logits, s.shared_logit};
-  rmsnorm_linear_multi(x, y, b.norm, s.h, n, hidden, b.eps, ws, outs, shared ? 2 : 1);
+  rmsnorm_linear_multi(x, y, b.norm, s.h, true, n, hidden, b.eps, ws, outs, shared ? 2 : 1);
   topk_softmax(s.logits, n, E, b.k, b.renormalize, s.ids, s.weights);
   const SharedExpert se{b.shared_gate, b.shared_up, b.shared_down, s.shared_logit};
   moe(s.h, n, b.k, s.ids, s.weights, *b.gate, *b.up, *b.down, shared ? &se : nullptr, out,

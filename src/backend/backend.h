@@ -358,12 +358,15 @@ class Backend {
   }
 
   // x += y (when y is not null), h = rmsnorm(x) * w over rows of `dim`, then outs[i] = h @ ws[i]^T
-  // as linear_multi: the norm that starts a block and the block's input projections. h is
-  // written as well (later ops may read it). The default runs add_rmsnorm (or rmsnorm), then
-  // linear_multi; a backend may prepare its matrix kernels' input in the norm's kernel.
-  virtual void rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h,
+  // as linear_multi: the norm that starts a block and the block's input projections. keep_h:
+  // whether the caller reads h afterwards; without it h is workspace a backend may leave
+  // unwritten (when its norm's kernel feeds the matrices directly). The default runs add_rmsnorm
+  // (or rmsnorm), then linear_multi; a backend may prepare its matrix kernels' input in the
+  // norm's kernel.
+  virtual void rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h, bool keep_h,
                                     int64_t rows, int dim, float eps, const Weight* const* ws,
                                     float* const* outs, int count) {
+    (void)keep_h;
     if (y != nullptr) {
       add_rmsnorm(x, y, w, h, rows, dim, eps);
     } else {

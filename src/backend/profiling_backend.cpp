@@ -108,13 +108,14 @@ void ProfilingBackend::linear(const float* x, int64_t n, const Weight& w, float*
       matrix_flops(n, w));
 }
 void ProfilingBackend::rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h,
-                                            int64_t rows, int dim, float eps,
+                                            bool keep_h, int64_t rows, int dim, float eps,
                                             const Weight* const* ws, float* const* outs,
                                             int count) {
   std::string label = "rmsnorm_linear_multi";
   for (int i = 0; i < count; ++i) label += " " + weight_label(*ws[i]);
   timed(
-      label, rows, [&] { in_.rmsnorm_linear_multi(x, y, w, h, rows, dim, eps, ws, outs, count); },
+      label, rows,
+      [&] { in_.rmsnorm_linear_multi(x, y, w, h, keep_h, rows, dim, eps, ws, outs, count); },
       matrices_flops(rows, ws, count));
 }
 void ProfilingBackend::rmsnorm_gated_linear(const float* o, const float* z, const float* norm_w,
@@ -213,7 +214,9 @@ void ProfilingBackend::moe(const float* x, int64_t n, int k, const int32_t* ids,
 void ProfilingBackend::mlp_block(float* x, const float* y, int64_t n, int hidden,
                                  const MlpBlockWeights& b, const MlpBlockScratch& s, float* out) {
   timed(
-      "mlp_block " + weight_label(*b.gate), n, [&] { in_.mlp_block(x, y, n, hidden, b, s, out); },
+      "mlp_block " + weight_label(*b.gate) + " " + weight_label(*b.up) + " " +
+          weight_label(*b.down),
+      n, [&] { in_.mlp_block(x, y, n, hidden, b, s, out); },
       matrix_flops(n, *b.gate) + matrix_flops(n, *b.up) + matrix_flops(n, *b.down));
 }
 void ProfilingBackend::moe_block(float* x, const float* y, int64_t n, int hidden,

@@ -510,7 +510,7 @@ void Model::project_logits(int first, int rows) {
   const Weight* head[] = {&w_.lm_head};
   float* logits[] = {s.logits};
   backend_.gather_rows(s.x, H, s.logit_rows + first, rows, s.sel);
-  backend_.rmsnorm_linear_multi(s.sel, nullptr, w_.final_norm.data, s.sel, rows, H,
+  backend_.rmsnorm_linear_multi(s.sel, nullptr, w_.final_norm.data, s.sel, false, rows, H,
                                 static_cast<float>(cfg_.rms_norm_eps), head, logits, 1);
 }
 
@@ -523,7 +523,7 @@ void Model::attention_block(const LayerWeights& L, int kv_index, const CacheView
   {
     const Weight* ws[] = {&A.q_proj, &A.k_proj, &A.v_proj};
     float* outs[] = {cfg_.attn_output_gate ? s.qg : s.q, s.k, s.v};
-    backend_.rmsnorm_linear_multi(s.x, residual, L.input_norm.data, s.h, T,
+    backend_.rmsnorm_linear_multi(s.x, residual, L.input_norm.data, s.h, false, T,
                                   static_cast<int>(cfg_.hidden_size), eps, ws, outs, 3);
   }
   const KVLayerView& kv = caches.kv[kv_index];
@@ -548,7 +548,7 @@ void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& ca
   {
     const Weight* ws[] = {&G.in_proj_qkv, &G.in_proj_z, &G.in_proj_b, &G.in_proj_a};
     float* outs[] = {s.qkv, s.z, s.b, s.a};
-    backend_.rmsnorm_linear_multi(s.x, residual, L.input_norm.data, s.h, T,
+    backend_.rmsnorm_linear_multi(s.x, residual, L.input_norm.data, s.h, false, T,
                                   static_cast<int>(cfg_.hidden_size),
                                   static_cast<float>(cfg_.rms_norm_eps), ws, outs, 4);
   }

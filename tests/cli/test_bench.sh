@@ -95,8 +95,8 @@ first = text.split(head1, 1)[1].split(head2, 1)[0]
 second = text.split(head2, 1)[1]
 assert "[large]" in first and "  total " in first, first
 assert "[small]" in second and "[large]" not in second and "  total " in second, second
-# The linear ops' rows carry their rate: 2 x 100 rows x the label's matrices, per call, over the
-# row's time; the other ops' rows none.
+# The linear ops' rows (and the dense MLP block's) carry their rate: 2 x 100 rows x the label's
+# matrices, per call, over the row's time; the other ops' rows none.
 import re
 row = re.compile(r"^  (\S.*?) \[large\]\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%(?:\s+(\S+))?$")
 linear_rows = 0
@@ -105,7 +105,7 @@ for line in first.splitlines():
     if not m:
         continue
     name, calls, ms, rate = m.group(1), int(m.group(2)), float(m.group(3)), m.group(6)
-    if name.split()[0].endswith(("linear", "linear_multi")):
+    if name.split()[0].endswith(("linear", "linear_multi", "mlp_block")):
         assert rate is not None, line
         macs = sum(int(r) * int(c) for r, c in re.findall(r"(\d+)x(\d+)", name))
         want = calls * 2 * 100 * macs / (ms * 1e-3) / 1e12

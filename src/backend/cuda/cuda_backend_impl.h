@@ -156,9 +156,9 @@ class CudaBackend final : public Backend {
   int64_t max_penalty_entries() const override;
 
   void linear(const float* x, int64_t n, const Weight& w, float* out, int expert = 0) override;
-  void rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h, int64_t rows,
-                            int dim, float eps, const Weight* const* ws, float* const* outs,
-                            int count) override;
+  void rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h, bool keep_h,
+                            int64_t rows, int dim, float eps, const Weight* const* ws,
+                            float* const* outs, int count) override;
   void gdn_mixer(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
                  const GdnMixerWeights& w, const GdnMixerIo& io, float* out) override;
   void rmsnorm_gated_linear(const float* o, const float* z, const float* norm_w, float* normed,

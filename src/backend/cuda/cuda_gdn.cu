@@ -223,108 +223,142 @@ __global__ void gdn_front_kernel(FrontArgs A) {
   if (live && L > 0) sc[0] = h0, sc[1] = h1, sc[2] = h2;
 }
 
-// The GDN front for prefill (kernel 4, many rows a sequence): a warp per (row, head segment),
-// the segments being key head kh's q channels (segment kh), its k channels (Hk + kh) and value
-// head hv's channels (2 Hk + hv); a block is kFrontRows consecutive rows of one segment, so the
-// rows above a row, which its conv reads, are mostly in L1. Lane l takes the segment's channels
-// 4l + 128i: the conv from the three previous inputs (the rows above in its sequence or, before
-// the sequence's first row, its conv state; conv_state_update_kernel advances the states after),
-// SiLU, then for q and k the head's l2norm by a warp sum; a value segment's lane 0 also computes
-// its head's gates for the row. One pass over qkv where the op-by-op form made six (conv, three
-// copies, two norms). Same operation order per value as gdn_front_kernel.
-constexpr int kFrontRows = 8;
+// The GDN front for prefill (kernel 4, many rows a sequence): a warp per kFrontWarpRows
+// consecutive rows of one head segment, the segments being key head kh's q channels (segment
+// kh), its k channels (Hk + kh) and value head hv's channels (2 Hk + hv); a block is kFrontRows
+// warps over consecutive rows of one segment. Lane l takes the segment's channels 4l + 128i.
+// The warp loads its rows' inputs and the three rows above them at once (the conv of a row reads
+// the three inputs before it: from the rows above in its sequence or, before the sequence's first
+// row, from its conv state; conv_state_update_kernel advances the states after), then per row:
+// the conv, SiLU, and for q and k the head's l2norm by a warp sum; a value segment's lane 0 also
+// computes its head's gates for the row. One pass over qkv where the op-by-op form made six
+// (conv, three copies, two norms). Same operation order per value as gdn_front_kernel.
+// A warp per row loaded each input four times and the conv weights once a row, and ran at half
+// the memory's bandwidth (27B, 8k tokens: 511 us a layer on an H100; S38).
+constexpr int kFrontRows = 8;      // warps a block
+constexpr int kFrontWarpRows = 4;  // consecutive rows a warp
 constexpr int kFrontMaxDim = 256;  // 2 float4 a lane
 
+// kSlots: float4s a lane per segment row (head dims up to 128 kSlots).
+template <int kSlots>
 __global__ void __launch_bounds__(32 * kFrontRows) gdn_front_rows_kernel(FrontArgs A) {
-  pdl_begin();
+  constexpr int kIn = kFrontWarpRows + 3;
   const GDNStateView& st = A.st;
   const int Dk = st.k_dim, Dv = st.v_dim, Hk = st.k_heads, Hv = st.v_heads;
   const int64_t C = st.channels, qk = static_cast<int64_t>(Hk) * Dk;
   const int64_t vd = static_cast<int64_t>(Hv) * Dv;
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kFrontRows + (threadIdx.x >> 5);
-  if (t >= A.seqs.n_tokens) return;
   const int seg = static_cast<int>(blockIdx.y);
   const int kind = seg < Hk ? 0 : seg < 2 * Hk ? 1 : 2;  // q, k, v
   const int head = kind == 2 ? seg - 2 * Hk : kind == 1 ? seg - Hk : seg;
   const int D = kind == 2 ? Dv : Dk;
   const int64_t ch0 = kind == 0 ? head * Dk : kind == 1 ? qk + head * Dk : 2 * qk + head * Dv;
-  // The row's sequence: the last s with cu_seqlens[s] <= t.
+  // The conv weights are constant: they load while the kernel before still runs.
+  float4 w[kSlots][4];
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) {
+    const int c4 = 4 * lane + 128 * i;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[i][j] = c4 < D ? reinterpret_cast<const float4*>(A.conv_weight + (ch0 + c4) * 4)[j]
+                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+  pdl_begin();
+  const int64_t n = A.seqs.n_tokens;
+  const int64_t first =
+      (static_cast<int64_t>(blockIdx.x) * kFrontRows + (threadIdx.x >> 5)) * kFrontWarpRows;
+  if (first >= n) return;
+  // in[i][m]: the input of row first - 3 + m (rows outside [0, n) left zero; never used).
+  float4 in[kSlots][kIn];
+#pragma unroll
+  for (int m = 0; m < kIn; ++m) {
+    const int64_t p = first - 3 + m;
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      const int c4 = 4 * lane + 128 * i;
+      in[i][m] = p >= 0 && p < n && c4 < D
+                     ? *reinterpret_cast<const float4*>(A.qkv + p * C + ch0 + c4)
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+  // The first row's sequence: the last s with cu_seqlens[s] <= first.
   int lo = 0, hi = A.seqs.n_seqs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (A.seqs.cu_seqlens[mid] <= t) {
+    if (A.seqs.cu_seqlens[mid] <= first) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
-  const int64_t t0 = A.seqs.cu_seqlens[lo];
-  const float* const state = st.conv + static_cast<int64_t>(A.slots[lo]) * C * 3;
-  float4 y[kFrontMaxDim / 128];
-  float ss = 0.0f;
+  int64_t t0 = A.seqs.cu_seqlens[lo], next = A.seqs.cu_seqlens[lo + 1];
+  const float q_scale = kind == 0 ? 1.0f / sqrtf(static_cast<float>(Dk)) : 1.0f;
 #pragma unroll
-  for (int i = 0; i < kFrontMaxDim / 128; ++i) {
-    const int c4 = 4 * lane + 128 * i;
-    y[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (c4 >= D) continue;
-    const int64_t c = ch0 + c4;
-    float4 w[4];
+  for (int r = 0; r < kFrontWarpRows; ++r) {
+    const int64_t t = first + r;
+    if (t >= n) break;
+    while (t >= next) t0 = next, next = A.seqs.cu_seqlens[++lo + 1];
+    const float* const state = st.conv + static_cast<int64_t>(A.slots[lo]) * C * 3;
+    float4 y[kSlots];
+    float ss = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) w[j] = reinterpret_cast<const float4*>(A.conv_weight + c * 4)[j];
-    // h[d]: the input d rows above row t (d = 0: row t itself), channels c .. c + 3.
-    float4 h[4];
+    for (int i = 0; i < kSlots; ++i) {
+      const int c4 = 4 * lane + 128 * i;
+      y[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (c4 >= D) continue;
+      const int64_t c = ch0 + c4;
+      // h[d]: the input d rows above row t (d = 0: row t itself), channels c .. c + 3.
+      float4 h[4];
 #pragma unroll
-    for (int d = 0; d < 4; ++d) {
-      const int64_t p = t - d;
-      if (p >= t0) {
-        h[d] = *reinterpret_cast<const float4*>(A.qkv + p * C + c);
-      } else {
-        const float* sc = state + c * 3 + 3 - (t0 - p);  // channel c's slot for row p
-        h[d] = make_float4(sc[0], sc[3], sc[6], sc[9]);
+      for (int d = 0; d < 4; ++d) {
+        const int64_t p = t - d;
+        if (p >= t0) {
+          h[d] = in[i][r + 3 - d];
+        } else {
+          const float* sc = state + c * 3 + 3 - (t0 - p);  // channel c's slot for row p
+          h[d] = make_float4(sc[0], sc[3], sc[6], sc[9]);
+        }
       }
-    }
-    const float* wf = reinterpret_cast<const float*>(w);
-    float out[4];
+      const float* wf = reinterpret_cast<const float*>(w[i]);
+      float out[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float* hf0 = reinterpret_cast<const float*>(&h[3]);
-      const float* hf1 = reinterpret_cast<const float*>(&h[2]);
-      const float* hf2 = reinterpret_cast<const float*>(&h[1]);
-      const float* hf3 = reinterpret_cast<const float*>(&h[0]);
-      // The order of conv1d_silu_kernel: history oldest first, then the new input.
-      float acc = 0.0f;
-      acc += wf[4 * e] * hf0[e];
-      acc += wf[4 * e + 1] * hf1[e];
-      acc += wf[4 * e + 2] * hf2[e];
-      acc += wf[4 * e + 3] * hf3[e];
-      out[e] = silu_f(acc);
-      ss += out[e] * out[e];
+      for (int e = 0; e < 4; ++e) {
+        const float* hf0 = reinterpret_cast<const float*>(&h[3]);
+        const float* hf1 = reinterpret_cast<const float*>(&h[2]);
+        const float* hf2 = reinterpret_cast<const float*>(&h[1]);
+        const float* hf3 = reinterpret_cast<const float*>(&h[0]);
+        // The order of conv1d_silu_kernel: history oldest first, then the new input.
+        float acc = 0.0f;
+        acc += wf[4 * e] * hf0[e];
+        acc += wf[4 * e + 1] * hf1[e];
+        acc += wf[4 * e + 2] * hf2[e];
+        acc += wf[4 * e + 3] * hf3[e];
+        out[e] = silu_f(acc);
+        ss += out[e] * out[e];
+      }
+      y[i] = make_float4(out[0], out[1], out[2], out[3]);
     }
-    y[i] = make_float4(out[0], out[1], out[2], out[3]);
-  }
-  float scale = 1.0f;
-  if (kind < 2) {
-    ss = warp_sum(ss);
-    scale = (kind == 0 ? 1.0f / sqrtf(static_cast<float>(Dk)) : 1.0f) / sqrtf(ss + 1e-6f);
-  }
-  float* const dst = kind == 0   ? A.q + t * qk + head * Dk
-                     : kind == 1 ? A.k + t * qk + head * Dk
-                                 : A.v + t * vd + static_cast<int64_t>(head) * Dv;
+    float scale = 1.0f;
+    if (kind < 2) scale = q_scale / sqrtf(warp_sum(ss) + 1e-6f);
+    float* const dst = kind == 0   ? A.q + t * qk + head * Dk
+                       : kind == 1 ? A.k + t * qk + head * Dk
+                                   : A.v + t * vd + static_cast<int64_t>(head) * Dv;
 #pragma unroll
-  for (int i = 0; i < kFrontMaxDim / 128; ++i) {
-    const int c4 = 4 * lane + 128 * i;
-    if (c4 >= D) continue;
-    const float4 v = y[i];
-    *reinterpret_cast<float4*>(dst + c4) =
-        kind < 2 ? make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale) : v;
-  }
-  if (kind == 2 && lane == 0) {
-    const int64_t i = t * Hv + head;
-    const float u = A.a[i] + A.dt_bias[head];
-    const float sp = u > 20.0f ? u : log1pf(expf(u));  // torch's softplus threshold
-    A.g[i] = -expf(A.a_log[head]) * sp;
-    A.beta[i] = sigmoid_f(A.b[i]);
+    for (int i = 0; i < kSlots; ++i) {
+      const int c4 = 4 * lane + 128 * i;
+      if (c4 >= D) continue;
+      const float4 v = y[i];
+      *reinterpret_cast<float4*>(dst + c4) =
+          kind < 2 ? make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale) : v;
+    }
+    if (kind == 2 && lane == 0) {
+      const int64_t i = t * Hv + head;
+      const float u = A.a[i] + A.dt_bias[head];
+      const float sp = u > 20.0f ? u : log1pf(expf(u));  // torch's softplus threshold
+      A.g[i] = -expf(A.a_log[head]) * sp;
+      A.beta[i] = sigmoid_f(A.b[i]);
+    }
   }
 }
 
@@ -655,10 +689,12 @@ void CudaBackend::gdn_front(const GDNStateView& st, const SeqLayout& seqs, const
     // Prefill: one pass over the rows, then the conv states.
     const cuda::FrontArgs fa{st,    seqs,    slots, qkv, conv_weight, a, b,
                              a_log, dt_bias, q,     k,   v,           g, beta};
-    const dim3 grid(
-        static_cast<unsigned>((seqs.n_tokens + cuda::kFrontRows - 1) / cuda::kFrontRows),
-        static_cast<unsigned>(2 * st.k_heads + st.v_heads));
-    cuda::launch_pdl(cuda::gdn_front_rows_kernel, grid, 32 * cuda::kFrontRows, 0, stream_, fa);
+    const int64_t block_rows = int64_t{cuda::kFrontRows} * cuda::kFrontWarpRows;
+    const dim3 grid(static_cast<unsigned>((seqs.n_tokens + block_rows - 1) / block_rows),
+                    static_cast<unsigned>(2 * st.k_heads + st.v_heads));
+    const auto kernel = std::max(st.k_dim, st.v_dim) <= 128 ? cuda::gdn_front_rows_kernel<1>
+                                                            : cuda::gdn_front_rows_kernel<2>;
+    cuda::launch_pdl(kernel, grid, 32 * cuda::kFrontRows, 0, stream_, fa);
     TM_CUDA_LAUNCHED();
     const dim3 sgrid(cuda::blocks_for(st.channels, 128), static_cast<unsigned>(seqs.n_seqs));
     cuda::launch_pdl(cuda::conv_state_update_kernel, sgrid, 128, 0, stream_, st, seqs, slots, qkv);

@@ -276,8 +276,8 @@ void CudaBackend::linear(const float* x, int64_t n, const Weight& w, float* out,
 // matrix's group size and scale type (one GEMV launch per 4 of them), so they need no
 // preparation kernel; the other matrices read h through linear_multi.
 void CudaBackend::rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h,
-                                       int64_t rows, int dim, float eps, const Weight* const* ws,
-                                       float* const* outs, int count) {
+                                       bool keep_h, int64_t rows, int dim, float eps,
+                                       const Weight* const* ws, float* const* outs, int count) {
   const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   int q4[16];
   int nq = 0;
@@ -296,8 +296,8 @@ void CudaBackend::rmsnorm_linear_multi(float* x, const float* y, const float* w,
     }
   }
   if (nq == 0) {
-    if (!norm_into_bf16_gemms(x, y, w, h, rows, dim, eps, ws, outs, count)) {
-      Backend::rmsnorm_linear_multi(x, y, w, h, rows, dim, eps, ws, outs, count);
+    if (!norm_into_bf16_gemms(x, y, w, keep_h ? h : nullptr, rows, dim, eps, ws, outs, count)) {
+      Backend::rmsnorm_linear_multi(x, y, w, h, keep_h, rows, dim, eps, ws, outs, count);
     }
     return;
   }
@@ -330,8 +330,8 @@ void CudaBackend::rmsnorm_linear_multi(float* x, const float* y, const float* w,
 }
 
 // Prefill rows whose matrices all take BF16 activations (gemm_parts 0: fast mode, BF16 weights
-// in place): the norm's kernel writes them, then one GEMM per matrix. False (nothing launched)
-// otherwise.
+// in place): the norm's kernel writes them (and h in F32 unless h is null), then one GEMM per
+// matrix. False (nothing launched) otherwise.
 bool CudaBackend::norm_into_bf16_gemms(float* x, const float* y, const float* w, float* h,
                                        int64_t rows, int dim, float eps, const Weight* const* ws,
                                        float* const* outs, int count) {

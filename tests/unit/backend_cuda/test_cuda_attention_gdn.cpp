@@ -543,7 +543,9 @@ TEST_F(CudaGdn, FrontMatchesCpu) {
   struct Geo {
     int Hk, Hv, Dk, Dv, K;
   };
-  for (Geo geo : {Geo{2, 4, 16, 32, 4}, Geo{2, 6, 128, 128, 4}, Geo{2, 4, 16, 32, 2}}) {
+  // Head dims up to 128 and (64/256) up to 256: the prefill form's one and two float4s a lane.
+  for (Geo geo : {Geo{2, 4, 16, 32, 4}, Geo{2, 6, 128, 128, 4}, Geo{1, 2, 64, 256, 4},
+                  Geo{2, 4, 16, 32, 2}}) {
     const int slots_n = 3;
     GDNStateView st{};
     st.k_heads = geo.Hk;
@@ -559,9 +561,9 @@ TEST_F(CudaGdn, FrontMatchesCpu) {
     std::vector<float> dt_bias = rng.normals(static_cast<size_t>(geo.Hv), 0.5f);
     const std::vector<int32_t> slots = {2, 0};
     float* dconv = up(conv);
-    // {1, 20}, {5, 43} and {37, 70}: the prefill form (a warp a row and head segment, 8 rows a
-    // block), sequences starting inside a block, rows that reach into the conv state, many
-    // blocks.
+    // {1, 20}, {5, 43} and {37, 70}: the prefill form (a warp per 4 rows of a head segment, 32
+    // rows a block), sequences starting inside a warp's rows, rows that reach into the conv
+    // state, many blocks.
     for (const std::vector<int>& lens : {std::vector<int>{1, 2}, std::vector<int>{1, 20},
                                          std::vector<int>{5, 43}, std::vector<int>{37, 70}}) {
       const std::vector<int32_t> cu = {0, lens[0], lens[0] + lens[1]};
