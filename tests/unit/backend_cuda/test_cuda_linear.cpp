@@ -410,6 +410,22 @@ TEST_F(CudaLinear, FastBf16GatedPrefillIsTheBf16Product) {
   for (float* p : {dg, du, dact, dout}) fast->free(p);
 }
 
+// Host <-> device copies of F32 values on a backend a test makes for itself (a fast-precision
+// one); the caller frees what up() allocates.
+struct FloatCopies {
+  Backend& be;
+  float* up(const std::vector<float>& v) const {
+    auto* p = static_cast<float*>(be.alloc(v.size() * sizeof(float)));
+    be.upload(p, v.data(), v.size() * sizeof(float));
+    return p;
+  }
+  std::vector<float> down(const float* p, size_t count) const {
+    std::vector<float> v(count);
+    be.download(v.data(), p, count * sizeof(float));
+    return v;
+  }
+};
+
 // The prefill norms before BF16 GEMMs at kFast: the norm's kernel writes the GEMM's BF16
 // activations itself (no conversion pass). The products are those of the BF16-rounded norm
 // outputs; h and the residual stream are still written in F32. A 4-bit GEMM runs first, so the
@@ -425,16 +441,7 @@ TEST_F(CudaLinear, FastBf16NormedPrefillIsTheBf16Product) {
   const Weight dw0 = fast->upload_weight(w0.w), dw1 = fast->upload_weight(w1.w);
   const Weight dq4 = fast->upload_weight(q4.w);
   const std::vector<float> norm_w = rng.normals(static_cast<size_t>(D), 0.5f);
-  const auto up = [&](const std::vector<float>& v) {
-    auto* p = static_cast<float*>(fast->alloc(v.size() * sizeof(float)));
-    fast->upload(p, v.data(), v.size() * sizeof(float));
-    return p;
-  };
-  const auto down = [&](const float* p, size_t count) {
-    std::vector<float> v(count);
-    fast->download(v.data(), p, count * sizeof(float));
-    return v;
-  };
+  const FloatCopies io{*fast};
   const auto worst_rel = [](const std::vector<float>& got, const std::vector<float>& want) {
     double worst = 0;
     for (size_t i = 0; i < want.size(); ++i) {
@@ -442,17 +449,17 @@ TEST_F(CudaLinear, FastBf16NormedPrefillIsTheBf16Product) {
     }
     return worst;
   };
-  float* dnw = up(norm_w);
-  float* dh = up(std::vector<float>(static_cast<size_t>(n * D)));
-  float* dout0 = up(std::vector<float>(static_cast<size_t>(n * R0)));
-  float* dout1 = up(std::vector<float>(static_cast<size_t>(n * R1)));
-  float* dq = up(std::vector<float>(static_cast<size_t>(n * 64)));
+  float* dnw = io.up(norm_w);
+  float* dh = io.up(std::vector<float>(static_cast<size_t>(n * D)));
+  float* dout0 = io.up(std::vector<float>(static_cast<size_t>(n * R0)));
+  float* dout1 = io.up(std::vector<float>(static_cast<size_t>(n * R1)));
+  float* dq = io.up(std::vector<float>(static_cast<size_t>(n * 64)));
   // keep_h false: h is the caller's workspace, the products and the residual stream the same.
   for (const auto& [residual, keep_h] :
        {std::pair{false, true}, std::pair{true, true}, std::pair{true, false}}) {
     const std::vector<float> x = rng.normals(static_cast<size_t>(n * D), 3.0f),
                              y = rng.normals(x.size());
-    float *dx = up(x), *dy = up(y);
+    float *dx = io.up(x), *dy = io.up(y);
     fast->linear(dx, n, dq4, dq);  // leaves the F16 split's scale in the GEMM's constants
     const Weight* ws[] = {&dw0, &dw1};
     float* outs[] = {dout0, dout1};
@@ -467,12 +474,12 @@ TEST_F(CudaLinear, FastBf16NormedPrefillIsTheBf16Product) {
     const std::string what =
         std::string(residual ? "add_rmsnorm" : "rmsnorm") + (keep_h ? "" : ", h not kept");
     if (keep_h) {
-      EXPECT_LT(worst_rel(down(dh, h.size()), h), 1e-5) << what << ": h in F32";
+      EXPECT_LT(worst_rel(io.down(dh, h.size()), h), 1e-5) << what << ": h in F32";
     }
-    EXPECT_LT(worst_rel(down(dx, xs.size()), xs), 1e-6) << what << ": the residual stream";
-    EXPECT_LT(off_bf16_product(down(dout0, static_cast<size_t>(n * R0)), h, n, w0, 4e-6), 1e-5)
+    EXPECT_LT(worst_rel(io.down(dx, xs.size()), xs), 1e-6) << what << ": the residual stream";
+    EXPECT_LT(off_bf16_product(io.down(dout0, static_cast<size_t>(n * R0)), h, n, w0, 4e-6), 1e-5)
         << what << ": first matrix";
-    EXPECT_LT(off_bf16_product(down(dout1, static_cast<size_t>(n * R1)), h, n, w1, 4e-6), 1e-5)
+    EXPECT_LT(off_bf16_product(io.down(dout1, static_cast<size_t>(n * R1)), h, n, w1, 4e-6), 1e-5)
         << what << ": second matrix";
     fast->free(dx);
     fast->free(dy);
@@ -481,15 +488,15 @@ TEST_F(CudaLinear, FastBf16NormedPrefillIsTheBf16Product) {
   const std::vector<float> o = rng.normals(static_cast<size_t>(n * D), 2.0f),
                            z = rng.normals(o.size());
   const std::vector<float> gnw = rng.normals(static_cast<size_t>(hd), 0.5f);
-  float *d_o = up(o), *dz = up(z), *dgnw = up(gnw);
+  float *d_o = io.up(o), *dz = io.up(z), *dgnw = io.up(gnw);
   fast->linear(d_o, n, dq4, dq);
   fast->rmsnorm_gated_linear(d_o, dz, dgnw, dh, n, static_cast<int>(heads), static_cast<int>(hd),
                              eps, dw0, dout0);
   std::vector<float> g(o.size());
   cpu->rmsnorm_gated(o.data(), z.data(), gnw.data(), g.data(), n * heads, static_cast<int>(hd),
                      eps);
-  EXPECT_LT(worst_rel(down(dh, g.size()), g), 1e-5) << "rmsnorm_gated: normed in F32";
-  EXPECT_LT(off_bf16_product(down(dout0, static_cast<size_t>(n * R0)), g, n, w0, 4e-6), 1e-5)
+  EXPECT_LT(worst_rel(io.down(dh, g.size()), g), 1e-5) << "rmsnorm_gated: normed in F32";
+  EXPECT_LT(off_bf16_product(io.down(dout0, static_cast<size_t>(n * R0)), g, n, w0, 4e-6), 1e-5)
       << "rmsnorm_gated_linear";
   for (float* p : {dnw, dh, dout0, dout1, dq, d_o, dz, dgnw}) fast->free(p);
 }
@@ -547,26 +554,17 @@ TEST_F(CudaLinear, FastBf16MlpBlockRoundsGateAndUp) {
   const Weight dg = fast->upload_weight(wg.w), du = fast->upload_weight(wu.w),
                dd = fast->upload_weight(wd.w);
   const std::vector<float> norm_w = rng.normals(static_cast<size_t>(D), 0.5f);
-  const auto up = [&](const std::vector<float>& v) {
-    auto* p = static_cast<float*>(fast->alloc(v.size() * sizeof(float)));
-    fast->upload(p, v.data(), v.size() * sizeof(float));
-    return p;
-  };
-  const auto down = [&](const float* p, size_t count) {
-    std::vector<float> v(count);
-    fast->download(v.data(), p, count * sizeof(float));
-    return v;
-  };
+  const FloatCopies io{*fast};
   for (bool residual : {false, true}) {
     const std::string what = residual ? "with the residual add" : "without";
     const std::vector<float> x = rng.normals(static_cast<size_t>(n * D), 3.0f),
                              y = rng.normals(x.size());
     std::vector<float*> scratch;
     for (int64_t floats : {n * D, n * I, n * I, n * I}) {
-      scratch.push_back(up(std::vector<float>(static_cast<size_t>(floats))));
+      scratch.push_back(io.up(std::vector<float>(static_cast<size_t>(floats))));
     }
-    float *dx = up(x), *dy = up(y), *dnw = up(norm_w);
-    float* dout = up(std::vector<float>(static_cast<size_t>(n * D)));
+    float *dx = io.up(x), *dy = io.up(y), *dnw = io.up(norm_w);
+    float* dout = io.up(std::vector<float>(static_cast<size_t>(n * D)));
     MlpBlockWeights b;
     b.norm = dnw, b.eps = eps, b.gate = &dg, b.up = &du, b.down = &dd;
     const MlpBlockScratch bs{scratch[0], scratch[1], scratch[2], scratch[3]};
@@ -594,14 +592,14 @@ TEST_F(CudaLinear, FastBf16MlpBlockRoundsGateAndUp) {
       act[i] = bf16_span(lo, hi, 2e-6);
     }
     const std::vector<Span> want = span_product(act, n, wd);
-    const std::vector<float> got = down(dout, want.size());
+    const std::vector<float> got = io.down(dout, want.size());
     double off = 0, ss = 0;
     for (size_t i = 0; i < want.size(); ++i) {
       off = std::max({off, want[i].lo - got[i], got[i] - want[i].hi});
       ss += double{got[i]} * got[i];
     }
     EXPECT_LT(off / std::sqrt(ss / static_cast<double>(want.size())), 1e-5) << what;
-    expect_close(down(dx, xs.size()), xs, 1e-6, what + ": the residual stream");
+    expect_close(io.down(dx, xs.size()), xs, 1e-6, what + ": the residual stream");
     for (float* p : {dx, dy, dnw, dout}) fast->free(p);
     for (float* p : scratch) fast->free(p);
   }
