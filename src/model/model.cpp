@@ -510,7 +510,8 @@ void Model::project_logits(int first, int rows) {
   const Weight* head[] = {&w_.lm_head};
   float* logits[] = {s.logits};
   backend_.gather_rows(s.x, H, s.logit_rows + first, rows, s.sel);
-  backend_.rmsnorm_linear_multi(s.sel, nullptr, w_.final_norm.data, s.sel, false, rows, H,
+  // h is sel itself: forward() may download it as the final hidden states.
+  backend_.rmsnorm_linear_multi(s.sel, nullptr, w_.final_norm.data, s.sel, true, rows, H,
                                 static_cast<float>(cfg_.rms_norm_eps), head, logits, 1);
 }
 
