@@ -123,6 +123,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kAffine<C> ? (N == 1   ? 
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
   const int lane = threadIdx.x & 31;
+  __shared__ LocalFixupSlots<2> fixup_slots[kWarpsPerBlock];
   bool waited = false;  // the wait follows the first weight loads (fast_tile_dot)
   streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1, bool last_part) {
     int j = 0;
@@ -146,10 +147,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kAffine<C> ? (N == 1   ? 
         if (e == 2 * lane + 1) mine[1] = acc[i][r];
       }
     if (k0 > 0 || k1 < sk.steps) {
-      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, mine, 0, 1, [&] {
-            next.issue();
-            next.len = 0;
-          })) {
+      const auto counted = [&] {
+        next.issue();
+        next.len = 0;
+      };
+      if (sk.local > 0 ? !streamk_local_fixup(sk, mine, fixup_slots, counted)
+                       : !streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, mine, 0, 1, counted)) {
         return;
       }
     }
@@ -184,11 +187,13 @@ void launch_n(cudaStream_t st, GemvJobs jobs, int64_t tiles, const float* x, int
     }
   }
   const auto kernel = gemv_fast_kernel<N, C, RPW>;
-  const StreamK sk =
+  StreamK sk =
       plan_streamk(reinterpret_cast<const void*>(kernel), kWarpsPerBlock * 32, tiles, steps, 64, ws,
                    1, 1, 0, N <= 2 ? TileAlign::kWholeTiles : TileAlign::kNone);
-  launch_pdl(kernel, dim3(static_cast<unsigned>((sk.warps + kWarpsPerBlock - 1) / kWarpsPerBlock)),
-             dim3(kWarpsPerBlock * 32), 0, st, jobs, x, ldx, n, sk);
+  plan_local_fixup(sk, reinterpret_cast<const void*>(kernel), kWarpsPerBlock * 32, 0);
+  launch_streamk(sk, kernel,
+                 dim3(static_cast<unsigned>((sk.warps + kWarpsPerBlock - 1) / kWarpsPerBlock)),
+                 dim3(kWarpsPerBlock * 32), 0, st, jobs, x, ldx, n, sk);
 }
 
 template <class C>
@@ -277,6 +282,42 @@ StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t ste
   TM_CUDA_REQUIRE(static_cast<size_t>(sk.warps) * subs * 2 * slot_floats <= ws.partial_floats,
                   "gemv: stream-K partial workspace too small");
   return sk;
+}
+
+void plan_local_fixup(StreamK& sk, const void* kernel, int threads, size_t smem) {
+  const int block_warps = threads / 32;
+  if (sk.tiles_per_warp > 0 || sk.warps <= sk.tiles || sk.warps % sk.tiles != 0) return;
+  const int64_t k = sk.warps / sk.tiles;
+  if (k > 8) return;  // the first warp adds the others' partials one after another
+  if (block_warps % k == 0) {
+    sk.local = static_cast<int>(k);
+    sk.cluster = 1;
+    sk.peek = false;
+    return;
+  }
+  if (k % block_warps != 0) return;
+  const int cluster = static_cast<int>(k / block_warps);
+  // A cluster launch must still be one wave: every cluster resident at once.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(sk.warps / block_warps));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  if (static_cast<int64_t>(clusters) * cluster * block_warps < sk.warps) return;
+  sk.local = static_cast<int>(k);
+  sk.cluster = cluster;
+  sk.peek = false;
 }
 
 void launch_gemv_fast(cudaStream_t st, GemvKind kind, GemvJobs jobs, const float* x, int64_t ldx,

@@ -111,6 +111,37 @@ StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t ste
                      const GemvWorkspace& ws, int min_steps = 1, int subs = 1, size_t smem = 0,
                      TileAlign align = TileAlign::kNone);
 
+// Turns a tile-aligned plan's fixups local (StreamK::local) where its tiles' warps fit one block
+// of `threads` or one cluster of up to 8 warps that the device can hold a wave of; leaves it as it
+// is otherwise. The kernel must call streamk_local_fixup when sk.local > 0 and be launched by
+// launch_streamk (the cluster size).
+void plan_local_fixup(StreamK& sk, const void* kernel, int threads, size_t smem);
+
+// launch_pdl with the plan's cluster size (StreamK::cluster).
+template <typename... Params, typename... Args>
+void launch_streamk(const StreamK& sk, void (*kernel)(Params...), dim3 grid, dim3 block,
+                    size_t smem, cudaStream_t st, Args... args) {
+  if (sk.cluster <= 1) {
+    launch_pdl(kernel, grid, block, smem, st, args...);
+    return;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = static_cast<unsigned>(sk.cluster);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  TM_CUDA(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
 // The fast kernel that handles `m`, or kNone (other formats, odd sizes, unaligned data).
 GemvKind fast_gemv_kind(const DevMat& m);
 

@@ -291,6 +291,7 @@ __global__ void __launch_bounds__(128, CB == 1 ? 5 : 4)
   if (w >= sk.warps) return;
   if (slots.ids != nullptr) wait_for_previous_grid();  // expert ids come from earlier kernels
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  __shared__ LocalFixupSlots<CB * 2> fixup_slots[4];
   streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1) {
     const Q4Tile q = q4_tile(jobs, tile, tiles_per_slot, n, slots);
     float tot[CB][2];
@@ -302,7 +303,10 @@ __global__ void __launch_bounds__(128, CB == 1 ? 5 : 4)
     }
     if (k0 > 0 || k1 < sk.steps) {
       auto& flat = reinterpret_cast<float(&)[CB * 2]>(tot);
-      if (!streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, flat)) return;
+      if (sk.local > 0 ? !streamk_local_fixup(sk, flat, fixup_slots)
+                       : !streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, flat)) {
+        return;
+      }
     }
     // Lane pair (2i, 2i+1) holds digits (0, 1) and (2, 3) of one activation row.
     const float weight = (t & 1) ? 1.0f : 65536.0f;
@@ -332,11 +336,12 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
   // group 64 two groups per buffer beat four, 66% against 58% of the bandwidth).
   constexpr int U = G == 128 ? 1 : 2;
   const auto kernel = q4d_gemv_kernel<G, CB, U, ST, kSlots>;
-  const StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles,
-                                  jobs.m[0].cols / G, 32 * CB * 2, ws, kQ4MinSteps, 1, 0,
-                                  CB == 1 ? TileAlign::kWarpsPerTile : TileAlign::kNone);
-  launch_pdl(kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), 0, st, jobs, act,
-             n, sl, sk, tiles_per_slot);
+  StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), 128, tiles, jobs.m[0].cols / G,
+                            32 * CB * 2, ws, kQ4MinSteps, 1, 0,
+                            CB == 1 ? TileAlign::kWarpsPerTile : TileAlign::kNone);
+  plan_local_fixup(sk, reinterpret_cast<const void*>(kernel), 128, 0);
+  launch_streamk(sk, kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), 0, st,
+                 jobs, act, n, sl, sk, tiles_per_slot);
 }
 
 template <int G, int CB, bool kSlots>

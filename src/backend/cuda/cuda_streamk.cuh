@@ -20,8 +20,16 @@
 // split tiles share a first warp (a warp holding the first steps of tiles t < t' holds all of t,
 // which is then not split), so `warps` counters suffice however many tiles there are. (Indexed
 // by tile, a 248,320-row LM head in 16-row tiles reached past the workspace's counters.)
+//
+// Local fixups (StreamK::local): in a tile-aligned launch whose tiles' warps all sit in one block
+// (local divides the block's warps) or make up one cluster of blocks (local is a multiple of it),
+// the partials meet in shared memory instead (streamk_local_fixup): no global stores, fences,
+// counters or L2 round trips between a tile's last warp and its output. (H100, 27B q4g64 batch
+// 1, where the input projections run 2 warps a tile in a block and the output and down
+// projections 8 warps a tile in clusters of two blocks: 129.5 -> 131.3 tok/s.)
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -45,6 +53,12 @@ struct StreamK {
   // > 0: whole tiles instead of equal ranges, warp w taking tiles [w * k, (w + 1) * k) (the
   // last warp fewer): no tile is split.
   int64_t tiles_per_warp = 0;
+
+  // > 0: local fixups (streamk_local_fixup), `local` warps a tile (warps == tiles * local, each
+  // warp one part of one tile), in one block (cluster == 1) or in a cluster of `cluster` blocks
+  // (local == cluster * the block's warps, launched with that cluster size).
+  int local = 0;
+  int cluster = 1;
 
   __device__ int64_t total() const { return tiles * steps; }
   __device__ int64_t lo(int64_t w) const {
@@ -193,6 +207,71 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
     }
   }
   if (lane == 0) *counter = 0;
+  return true;
+}
+
+// A tile's partials in shared memory: [block warps][kCount][32] floats (lane-major per value:
+// conflict-free), the slots of streamk_local_fixup.
+template <int kCount>
+struct LocalFixupSlots {
+  float v[kCount * 32];
+};
+
+// The local form of streamk_fixup (StreamK::local > 0), called once by every warp of the launch
+// with its part's `vals`. Returns true on the tile's first warp, whose vals then hold the complete
+// sums added in warp order, as streamk_fixup adds them; false on the others. counted() as there. A
+// cluster's first block reads the others' slots through distributed shared memory; they wait at a
+// second cluster barrier until it has.
+template <int kCount, class Counted = NoCounted>
+__device__ __forceinline__ bool streamk_local_fixup(const StreamK& sk, float (&vals)[kCount],
+                                                    LocalFixupSlots<kCount>* slots,
+                                                    Counted&& counted = NoCounted{}) {
+  const int lane = threadIdx.x & 31, wl = threadIdx.x >> 5;
+  const int k = sk.local;
+  if (sk.cluster == 1) {
+    const int first = wl - wl % k;
+    // Named barrier per tile of the block (0 is __syncthreads'): its k warps only, so warps of
+    // the block past the launch's end (whole tiles of them) take no part.
+    const unsigned id = 1 + wl / k, count = 32 * k;
+    if (wl != first) {
+#pragma unroll
+      for (int i = 0; i < kCount; ++i) slots[wl].v[i * 32 + lane] = vals[i];
+      asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+      counted();
+      return false;
+    }
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+    counted();
+    for (int j = 1; j < k; ++j) {
+#pragma unroll
+      for (int i = 0; i < kCount; ++i) vals[i] += slots[wl + j].v[i * 32 + lane];
+    }
+    return true;
+  }
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  const bool first = cl.block_rank() == 0 && wl == 0;
+  if (!first) {
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) slots[wl].v[i * 32 + lane] = vals[i];
+  }
+  cl.sync();
+  counted();
+  if (first) {
+    for (int j = 1; j < k; ++j) {
+      const LocalFixupSlots<kCount>* s = cl.map_shared_rank(slots, j / warps) + j % warps;
+#pragma unroll
+      for (int i = 0; i < kCount; ++i) vals[i] += s->v[i * 32 + lane];
+    }
+  }
+  // Every remote read is done once the first block arrives: the others may then exit.
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  if (!first) {
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    return false;
+  }
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
   return true;
 }
 

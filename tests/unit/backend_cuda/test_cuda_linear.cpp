@@ -113,13 +113,15 @@ TEST_F(CudaLinear, ManyTilesStreamK) {
 // A split tile's output is written by whichever of its warps finishes last (which one depends on
 // timing), adding the partials in warp order: every launch must give the same bits, and a
 // counter left nonzero would corrupt the next launch.
-// (Where 2,640 warps are resident, as on the H200: at n = 1 the 5120x6144 matrix's 320 tiles
-// get a tile-aligned launch, 8 warps a tile, and the 22400x5120 matrix's 1,400 tiles a full
-// wave in which warps cross from one split tile into the next; warps hold 10 steps or more, so
-// the fixups peek, StreamK::peek.)
+// (Where 2,640 warps are resident, as on the H100 and H200: at n = 1 the 5120x6144 matrix's 320
+// tiles get a tile-aligned launch, 8 warps a tile in clusters of two blocks, and the 16480x5120
+// matrix's 1,030 tiles 2 warps a tile, both with local fixups (StreamK::local); the 22400x5120
+// matrix's 1,400 tiles a full wave in which warps cross from one split tile into the next; warps
+// hold 10 steps or more, so those fixups peek, StreamK::peek. n = 3 takes the global fixups.)
 TEST_F(CudaLinear, SplitTilesSameBitsEveryLaunch) {
   Rng rng(12);
-  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{5120, 6144}, {22400, 5120}}) {
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{5120, 6144}, {16480, 5120}, {22400, 5120}}) {
     HostWeight hw = affine_weight(rng, 4, 64, DType::BF16, rows, cols, 0);
     const Weight dw = gpu->upload_weight(hw.w);
     for (int64_t n : {1, 3}) {
