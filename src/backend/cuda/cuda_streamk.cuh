@@ -24,9 +24,11 @@
 // Local fixups (StreamK::local): in a tile-aligned launch whose tiles' warps all sit in one block
 // (local divides the block's warps) or make up one cluster of blocks (local is a multiple of it),
 // the partials meet in shared memory instead (streamk_local_fixup): no global stores, fences,
-// counters or L2 round trips between a tile's last warp and its output. (H100, 27B q4g64 batch
-// 1, where the input projections run 2 warps a tile in a block and the output and down
-// projections 8 warps a tile in clusters of two blocks: 129.5 -> 131.3 tok/s.)
+// counters or L2 round trips between a tile's last warp and its output. H100, batch 1, against
+// the global fixups in the same build: 27B q4g64 134.5 -> 136.9 tok/s (its input projections run
+// 2 warps a tile in a block, the output and down projections 8 warps a tile in clusters of two
+// blocks), 27B bf16 52.6 -> 53.4 (output and down projections, 2 warps a tile), 35B-A3B q4g64
+// 434 -> 454 (output projections, and the experts' gate+up at 4 warps a tile).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -231,16 +233,27 @@ __device__ __forceinline__ bool streamk_local_fixup(const StreamK& sk, float (&v
   if (sk.cluster == 1) {
     const int first = wl - wl % k;
     // Named barrier per tile of the block (0 is __syncthreads'): its k warps only, so warps of
-    // the block past the launch's end (whole tiles of them) take no part.
-    const unsigned id = 1 + wl / k, count = 32 * k;
+    // the block past the launch's end (whole tiles of them) take no part. Immediate ids 1 and 2
+    // (blocks of 4 warps hold at most two split tiles): with an id in a register ptxas reserves
+    // all 16 barriers, and the H200 then held 4 blocks a multiprocessor instead of 5.
+    const unsigned count = 32 * k;
+    const bool second = wl >= k;  // k = 2: warps 2 and 3 (k = 4: none)
     if (wl != first) {
 #pragma unroll
       for (int i = 0; i < kCount; ++i) slots[wl].v[i * 32 + lane] = vals[i];
-      asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+      if (second) {
+        asm volatile("bar.arrive 2, %0;" ::"r"(count) : "memory");
+      } else {
+        asm volatile("bar.arrive 1, %0;" ::"r"(count) : "memory");
+      }
       counted();
       return false;
     }
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+    if (second) {
+      asm volatile("bar.sync 2, %0;" ::"r"(count) : "memory");
+    } else {
+      asm volatile("bar.sync 1, %0;" ::"r"(count) : "memory");
+    }
     counted();
     for (int j = 1; j < k; ++j) {
 #pragma unroll
