@@ -288,7 +288,7 @@ void plan_local_fixup(StreamK& sk, const void* kernel, int threads, size_t smem)
   const int block_warps = threads / 32;
   if (sk.tiles_per_warp > 0 || sk.warps <= sk.tiles || sk.warps % sk.tiles != 0) return;
   const int64_t k = sk.warps / sk.tiles;
-  if (k > 8) return;  // the first warp adds the others' partials one after another
+  if (k > 16) return;  // a cluster of at most 4 blocks (the first warp adds 15 partials)
   if (block_warps % k == 0 && block_warps / k <= 2) {  // streamk_local_fixup's barriers 1 and 2
     sk.local = static_cast<int>(k);
     sk.cluster = 1;

@@ -255,6 +255,7 @@ __device__ __forceinline__ bool streamk_local_fixup(const StreamK& sk, float (&v
       asm volatile("bar.sync 1, %0;" ::"r"(count) : "memory");
     }
     counted();
+#pragma unroll 4
     for (int j = 1; j < k; ++j) {
 #pragma unroll
       for (int i = 0; i < kCount; ++i) vals[i] += slots[wl + j].v[i * 32 + lane];
@@ -272,6 +273,7 @@ __device__ __forceinline__ bool streamk_local_fixup(const StreamK& sk, float (&v
   cl.sync();
   counted();
   if (first) {
+#pragma unroll 4
     for (int j = 1; j < k; ++j) {
       const LocalFixupSlots<kCount>* s = cl.map_shared_rank(slots, j / warps) + j % warps;
 #pragma unroll
