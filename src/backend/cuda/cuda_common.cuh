@@ -471,21 +471,30 @@ __device__ __forceinline__ void pdl_begin() {
 
 // A launch with programmatic stream serialization (captured into CUDA graphs as a programmatic
 // edge). After a non-kernel operation, or a kernel that never calls allow_dependent_launch(), it
-// starts as an ordinary launch would.
+// starts as an ordinary launch would. cluster > 1: blocks in clusters of that many along x.
 template <typename... Params, typename... Args>
-void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                Args... args) {
+void launch_pdl_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t st, int cluster, Args... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = cluster > 1 ? 2 : 1;
   TM_CUDA(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                Args... args) {
+  launch_pdl_clusters(kernel, grid, block, smem, st, 1, args...);
 }
 
 // The CPU's F32 inverse rotary frequencies (computed on the host with std::pow, so large

@@ -121,25 +121,7 @@ void plan_local_fixup(StreamK& sk, const void* kernel, int threads, size_t smem)
 template <typename... Params, typename... Args>
 void launch_streamk(const StreamK& sk, void (*kernel)(Params...), dim3 grid, dim3 block,
                     size_t smem, cudaStream_t st, Args... args) {
-  if (sk.cluster <= 1) {
-    launch_pdl(kernel, grid, block, smem, st, args...);
-    return;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = static_cast<unsigned>(sk.cluster);
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
-  TM_CUDA(cudaLaunchKernelEx(&cfg, kernel, args...));
+  launch_pdl_clusters(kernel, grid, block, smem, st, sk.cluster, args...);
 }
 
 // The fast kernel that handles `m`, or kNone (other formats, odd sizes, unaligned data).
