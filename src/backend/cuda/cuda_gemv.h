@@ -111,10 +111,10 @@ StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t ste
                      const GemvWorkspace& ws, int min_steps = 1, int subs = 1, size_t smem = 0,
                      TileAlign align = TileAlign::kNone);
 
-// Turns a tile-aligned plan's fixups local (StreamK::local) where its tiles' warps fit one block
-// of `threads` or one cluster of up to 8 warps that the device can hold a wave of; leaves it as it
-// is otherwise. The kernel must call streamk_local_fixup when sk.local > 0 and be launched by
-// launch_streamk (the cluster size).
+// Turns a tile-aligned plan's fixups local (StreamK::local) where each tile's warps fit one block
+// of `threads` (at most two tiles a block) or make up one cluster of up to 4 blocks (16 warps)
+// that the device can hold a wave of; leaves it as it is otherwise. The kernel must call
+// streamk_local_fixup when sk.local > 0 and be launched by launch_streamk (the cluster size).
 void plan_local_fixup(StreamK& sk, const void* kernel, int threads, size_t smem);
 
 // launch_pdl with the plan's cluster size (StreamK::cluster).
