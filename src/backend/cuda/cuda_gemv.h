@@ -63,6 +63,9 @@ struct Q4Slots {
   int k = 1;
   int per_token = 1;  // k, or k + 1 with a shared expert
   int64_t x_div = 1;
+  // The ids were written two or more kernels back (not by the kernel just before this launch),
+  // so the launch may read them, and load its weights, before its dependent-launch wait.
+  bool ids_ready = false;
 };
 
 // 16 bytes of bf16 or 8-bit weights -> F32 values (the CUDA-core GEMVs and the MoE router).

@@ -290,7 +290,10 @@ __global__ void __launch_bounds__(128, CB == 1 ? 5 : 4)
   const Q4Slots slots = kSlots ? slots_arg : Q4Slots{};
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
-  if (slots.ids != nullptr) wait_for_previous_grid();  // expert ids come from earlier kernels
+  // Expert ids from the kernel just before: wait for it before choosing the matrices. Ids from
+  // further back (Q4Slots::ids_ready) let the first weights load before the wait (H100, 35B-A3B
+  // batch 1: 450 -> 461 tok/s for the down projection's launch alone).
+  if (slots.ids != nullptr && !slots.ids_ready) wait_for_previous_grid();
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   __shared__ LocalFixupSlots<CB * 2> fixup_slots[4];
   streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1) {

@@ -194,7 +194,9 @@ void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* i
       dj.shared_offset = fuse_shared ? 1 : 0;
       const cuda::Q4Act aa = cuda::launch_q4_prepare(stream_, act, inter, slots, inter, md.group,
                                                      cuda::Q4Operands::kDigits, gemv_ws_, upo);
-      cuda::launch_q4_gemv(stream_, dj, aa, 1, cuda::Q4Slots{pids, k, per_token, 1}, slots,
+      // The ids came before the gate+up launch and the preparation: the down projection may
+      // read them, and its weights, before its wait.
+      cuda::launch_q4_gemv(stream_, dj, aa, 1, cuda::Q4Slots{pids, k, per_token, 1, true}, slots,
                            gemv_ws_);
       combine(dn, weights + t0 * k, m, k, per_token,
               fuse_shared ? shared->gate_logit + t0 : nullptr, hidden, out + t0 * hidden, stream_);
