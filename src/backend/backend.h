@@ -288,6 +288,10 @@ class Backend {
   }
   virtual void replay(int64_t id) { (void)id; }
   virtual void forget_recording(int64_t id) { (void)id; }
+  // Counts the frees of device memory. A recording made at an earlier count may hold pointers to
+  // memory that is gone or handed out again (a workspace that grew, the caches of an engine that
+  // ended): its owner must not replay it.
+  virtual uint64_t memory_epoch() const { return 0; }
 
   // ---- elementwise and normalisation ----
   // out[i, :] = table row ids[i] (dequantized), for i < n. `table` has rows = vocab.

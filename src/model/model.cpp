@@ -450,11 +450,25 @@ int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hid
   s.paging.max_context_len = 0;
   for (int c : batch.context_lens) s.paging.max_context_len = std::max(s.paging.max_context_len, c);
 
+  if (record && backend_.memory_epoch() != recordings_epoch_) {
+    // Device memory was freed since the recordings were made: they may point into it.
+    forget_recordings();
+    recordings_epoch_ = backend_.memory_epoch();
+  }
   if (record) {
-    // The recording bakes in every pointer: the cache views are part of its identity.
+    // The recording bakes in every pointer: the cache views are part of its identity, all of
+    // their pointers and layouts (a cache freed and allocated again, as by a second engine on
+    // the same model, may come back with some buffers at their old addresses and others not).
     std::vector<uint64_t> key = {static_cast<uint64_t>(n), static_cast<uint64_t>(width)};
-    for (const KVLayerView& kv : caches.kv) key.push_back(reinterpret_cast<uintptr_t>(kv.k));
-    for (const GDNStateView& g : caches.gdn) key.push_back(reinterpret_cast<uintptr_t>(g.ssm));
+    for (const KVLayerView& kv : caches.kv) {
+      key.push_back(reinterpret_cast<uintptr_t>(kv.k));
+      key.push_back(reinterpret_cast<uintptr_t>(kv.v));
+      key.push_back(static_cast<uint64_t>(kv.block_size) << 32 | static_cast<uint32_t>(kv.dtype));
+    }
+    for (const GDNStateView& g : caches.gdn) {
+      key.push_back(reinterpret_cast<uintptr_t>(g.conv));
+      key.push_back(reinterpret_cast<uintptr_t>(g.ssm));
+    }
     int64_t id = -1;
     for (const auto& [k, rid] : recordings_) {
       if (k == key) id = rid;

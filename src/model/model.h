@@ -160,6 +160,7 @@ class Model {
   ModelOptions options_;
   // Recorded decode steps by shape: (sequences, block-table width, cache identity) -> id.
   std::vector<std::pair<std::vector<uint64_t>, int64_t>> recordings_;
+  uint64_t recordings_epoch_ = 0;  // the backend's memory_epoch() the recordings were made in
   std::vector<int32_t> padded_tables_;
   RecordStats record_stats_;
 };

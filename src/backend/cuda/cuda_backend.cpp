@@ -131,6 +131,7 @@ int64_t CudaBackend::free_memory_bytes() const {
 void CudaBackend::free(void* p) {
   l2_chain_.reset(stream_);  // its entries may point into p
   alloc_stats_.removed(p);
+  ++memory_epoch_;  // recordings may point into p
   if (p) TM_CUDA(cudaFree(p));
 }
 

@@ -128,6 +128,7 @@ class CudaBackend final : public Backend {
   int64_t end_recording(bool keep) override;
   void replay(int64_t id) override;
   void forget_recording(int64_t id) override;
+  uint64_t memory_epoch() const override { return memory_epoch_; }
   void fill_random(void* dst, DType dtype, int64_t n, float stddev, uint64_t seed) override;
   void read_probe(const void* src, size_t bytes, void* sink) override;
 
@@ -310,6 +311,7 @@ class CudaBackend final : public Backend {
   CUstream_st* stream_ = nullptr;
   std::vector<void*> owned_;   // device allocations freed in the destructor
   AllocStats alloc_stats_;     // what alloc() holds (peak_allocated_bytes)
+  uint64_t memory_epoch_ = 0;  // frees so far (memory_epoch)
   std::vector<void*> graphs_;  // cudaGraphExec_t of recorded sequences, by id
   bool recording_ = false;     // between begin_recording and end_recording
   // argmax_rows' workspace for rows split over several blocks: each chunk's value and index
