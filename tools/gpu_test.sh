@@ -16,7 +16,8 @@
 #   linops (tm_bench_linear_ops: decode matmul GB/s per format against the read probe),
 #   bench (BENCH_PRESETS, default the 27B shape at q4g64 and bf16 and the 35B-A3B shape at q4g64,
 #   dummy weights generated on the device),
-#   compute-sanitizer memcheck on a short tm_test_backend_cuda filter,
+#   compute-sanitizer memcheck on a short tm_test_backend_cuda filter (with the engine's
+#   overlapped, recorded steps: replays of stale recordings showed up there),
 #   http (not in the default list): server vs engine on a dummy 27B-shaped model,
 #   profile (not in the default list): per-kernel time of one decode step (ncu,
 #   tools/kernel_profile.py).
@@ -161,7 +162,7 @@ fi
 if want sanitizer; then
   stage sanitizer 120 compute-sanitizer --tool memcheck --error-exitcode 3 \
     "$T/tm_test_backend_cuda" \
-    --gtest_filter='CudaOps.*:CudaPick.*:CudaAttention.*:CudaGdn.*:CudaMoe.*:CudaLinear.StackedExperts*:CudaLinear.MultiMatches*:CudaLinear.Q4Decode*:CudaLinear.ManyTiles*'
+    --gtest_filter='CudaOps.*:CudaPick.*:CudaAttention.*:CudaGdn.*:CudaMoe.*:CudaLinear.StackedExperts*:CudaLinear.MultiMatches*:CudaLinear.Q4Decode*:CudaLinear.ManyTiles*:CudaEngine.OverlappedStepsEqualWaitingSteps'
   grep -E "ERROR SUMMARY|FAILED|PASSED" "$OUT/sanitizer.log" 2>/dev/null | head -5 >> "$SUMMARY"
 fi
 note "gpu_test done in $(( $(date +%s) - START ))s"
