@@ -450,12 +450,12 @@ int Model::run_batch(const Batch& batch, const CacheViews& caches, bool want_hid
   s.paging.max_context_len = 0;
   for (int c : batch.context_lens) s.paging.max_context_len = std::max(s.paging.max_context_len, c);
 
-  if (record && backend_.memory_epoch() != recordings_epoch_) {
-    // Device memory was freed since the recordings were made: they may point into it.
-    forget_recordings();
-    recordings_epoch_ = backend_.memory_epoch();
-  }
   if (record) {
+    if (backend_.memory_epoch() != recordings_epoch_) {
+      // Device memory was freed since the recordings were made: they may point into it.
+      forget_recordings();
+      recordings_epoch_ = backend_.memory_epoch();
+    }
     // The recording bakes in every pointer: the cache views are part of its identity, all of
     // their pointers and layouts (a cache freed and allocated again, as by a second engine on
     // the same model, may come back with some buffers at their old addresses and others not).
