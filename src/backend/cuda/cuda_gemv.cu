@@ -295,8 +295,12 @@ void plan_local_fixup(StreamK& sk, const void* kernel, int threads, size_t smem)
     sk.peek = false;
     return;
   }
-  if (k % block_warps != 0) return;
-  const int cluster = static_cast<int>(k / block_warps);
+  // A cluster of whole blocks holding whole tiles: lcm(k, block warps) warps (k = 3: three
+  // blocks of four warps, four tiles), every cluster full.
+  int64_t cluster_warps = k;
+  while (cluster_warps % block_warps != 0) cluster_warps += k;
+  const int cluster = static_cast<int>(cluster_warps / block_warps);
+  if (cluster > 4 || sk.warps % cluster_warps != 0) return;
   // A cluster launch must still be one wave: every cluster resident at once.
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(sk.warps / block_warps));

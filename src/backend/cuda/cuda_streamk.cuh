@@ -262,10 +262,13 @@ __device__ __forceinline__ bool streamk_local_fixup(const StreamK& sk, float (&v
     }
     return true;
   }
+  // A cluster holds whole tiles: its warp cw is part cw % k of one of them (k = 3: a cluster of
+  // three blocks, four tiles, a tile's warps possibly in two blocks).
   namespace cg = cooperative_groups;
   cg::cluster_group cl = cg::this_cluster();
   const int warps = static_cast<int>(blockDim.x >> 5);
-  const bool first = cl.block_rank() == 0 && wl == 0;
+  const int cw = static_cast<int>(cl.block_rank()) * warps + wl;
+  const bool first = cw % k == 0;
   if (!first) {
 #pragma unroll
     for (int i = 0; i < kCount; ++i) slots[wl].v[i * 32 + lane] = vals[i];
@@ -274,7 +277,7 @@ __device__ __forceinline__ bool streamk_local_fixup(const StreamK& sk, float (&v
   counted();
   if (first) {
 #pragma unroll 4
-    for (int j = 1; j < k; ++j) {
+    for (int j = cw + 1; j < cw + k; ++j) {
       const LocalFixupSlots<kCount>* s = cl.map_shared_rank(slots, j / warps) + j % warps;
 #pragma unroll
       for (int i = 0; i < kCount; ++i) vals[i] += s->v[i * 32 + lane];

@@ -117,11 +117,13 @@ TEST_F(CudaLinear, ManyTilesStreamK) {
 // tiles get a tile-aligned launch, 8 warps a tile in clusters of two blocks, and the 16480x5120
 // matrix's 1,030 tiles 2 warps a tile, both with local fixups (StreamK::local); the 22400x5120
 // matrix's 1,400 tiles a full wave in which warps cross from one split tile into the next; warps
-// hold 10 steps or more, so those fixups peek, StreamK::peek. n = 3 takes the global fixups.)
+// hold 10 steps or more, so those fixups peek, StreamK::peek; the 12352x2048 matrix's 772 tiles
+// 3 warps a tile, four tiles to a cluster of three blocks, a tile's warps in two blocks. n = 3
+// takes the global fixups.)
 TEST_F(CudaLinear, SplitTilesSameBitsEveryLaunch) {
   Rng rng(12);
   for (const auto& [rows, cols] :
-       {std::pair<int64_t, int64_t>{5120, 6144}, {16480, 5120}, {22400, 5120}}) {
+       {std::pair<int64_t, int64_t>{5120, 6144}, {16480, 5120}, {22400, 5120}, {12352, 2048}}) {
     HostWeight hw = affine_weight(rng, 4, 64, DType::BF16, rows, cols, 0);
     const Weight dw = gpu->upload_weight(hw.w);
     for (int64_t n : {1, 3}) {
