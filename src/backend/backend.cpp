@@ -84,8 +84,22 @@ void Backend::mlp_block(float* x, const float* y, int64_t n, int hidden, const M
   silu_mul_linear(s.gate, s.up, n, *b.down, out, s.act);
 }
 
+void Backend::rmsnorm_linear_multi_moe(float* x, const MoeRows& y, float* out, const float* w,
+                                       float* h, bool keep_h, int64_t rows, int dim, float eps,
+                                       const Weight* const* ws, float* const* outs, int count) {
+  (void)x, (void)y, (void)out, (void)w, (void)h, (void)keep_h, (void)rows, (void)dim, (void)eps;
+  (void)ws, (void)outs, (void)count;
+  fail("internal: a deferred MoE output reached a backend whose moe_block never defers");
+}
+
+void Backend::add_moe(float* x, const MoeRows& y, float* out, int64_t rows, int dim) {
+  (void)x, (void)y, (void)out, (void)rows, (void)dim;
+  fail("internal: a deferred MoE output reached a backend whose moe_block never defers");
+}
+
 void Backend::moe_block(float* x, const float* y, int64_t n, int hidden, const MoeBlockWeights& b,
                         const MoeBlockScratch& s, float* out) {
+  if (s.defer != nullptr) *s.defer = MoeRows{};
   const int E = static_cast<int>(b.router->rows);
   const bool shared = b.has_shared();
   const Weight* ws[] = {b.router, b.shared_expert_gate};

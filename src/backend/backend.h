@@ -159,6 +159,16 @@ struct MoeBlockWeights {
   bool has_shared() const { return shared_gate != nullptr; }
 };
 
+// A MoE block's output left uncombined (MoeBlockScratch::defer): row t of it is
+// sum_j weights[t * k + j] * rows[t * per_token + j] (+ sigmoid(gate_logit[t]) *
+// rows[t * per_token + k] when per_token > k), rows of `hidden` floats, added in that order.
+struct MoeRows {
+  const float* rows = nullptr;  // null: nothing deferred, the block wrote its output
+  const float* weights = nullptr;
+  const float* gate_logit = nullptr;
+  int k = 0, per_token = 0;
+};
+
 // Where a MoE block's intermediates go: h [n, hidden] (the normed rows), logits [n, E], the
 // shared expert's gate logits [n], ids and weights [n, k], and `scratch` for moe
 // (moe_scratch_floats).
@@ -169,6 +179,10 @@ struct MoeBlockScratch {
   int32_t* ids = nullptr;
   float* weights = nullptr;
   float* scratch = nullptr;
+  // Non-null: the backend may leave the combine to the op that adds the block's output to the
+  // residual (rmsnorm_linear_multi_moe, add_moe), describing the rows here and writing nothing
+  // to `out`; the rows stay in `scratch` until that op. Where it does not, defer->rows is null.
+  MoeRows* defer = nullptr;
 };
 
 // A dense gated MLP block (Backend::mlp_block): its post-mixer norm and its three matrices.
@@ -537,6 +551,13 @@ class Backend {
   // and top-k (decode: one launch instead of four) as long as it picks the same experts.
   virtual void moe_block(float* x, const float* y, int64_t n, int hidden, const MoeBlockWeights& b,
                          const MoeBlockScratch& s, float* out);
+  // rmsnorm_linear_multi with a deferred MoE output (MoeBlockScratch::defer) as its residual,
+  // and x += that output. Only a backend whose moe_block defers is given one; `out` is where
+  // the block's output would have gone (the backend may combine into it first).
+  virtual void rmsnorm_linear_multi_moe(float* x, const MoeRows& y, float* out, const float* w,
+                                        float* h, bool keep_h, int64_t rows, int dim, float eps,
+                                        const Weight* const* ws, float* const* outs, int count);
+  virtual void add_moe(float* x, const MoeRows& y, float* out, int64_t rows, int dim);
 
  protected:
   // out += the shared expert's gated output, composed of the ops above (for backends and weight

@@ -118,6 +118,22 @@ void ProfilingBackend::rmsnorm_linear_multi(float* x, const float* y, const floa
       [&] { in_.rmsnorm_linear_multi(x, y, w, h, keep_h, rows, dim, eps, ws, outs, count); },
       matrices_flops(rows, ws, count));
 }
+void ProfilingBackend::rmsnorm_linear_multi_moe(float* x, const MoeRows& y, float* out,
+                                                const float* w, float* h, bool keep_h, int64_t rows,
+                                                int dim, float eps, const Weight* const* ws,
+                                                float* const* outs, int count) {
+  std::string label = "rmsnorm_linear_multi_moe";
+  for (int i = 0; i < count; ++i) label += " " + weight_label(*ws[i]);
+  timed(
+      label, rows,
+      [&] {
+        in_.rmsnorm_linear_multi_moe(x, y, out, w, h, keep_h, rows, dim, eps, ws, outs, count);
+      },
+      matrices_flops(rows, ws, count));
+}
+void ProfilingBackend::add_moe(float* x, const MoeRows& y, float* out, int64_t rows, int dim) {
+  timed("add_moe", rows, [&] { in_.add_moe(x, y, out, rows, dim); });
+}
 void ProfilingBackend::rmsnorm_gated_linear(const float* o, const float* z, const float* norm_w,
                                             float* normed, int64_t n, int heads, int dim, float eps,
                                             const Weight& w, float* out) {

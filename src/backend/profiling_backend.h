@@ -144,6 +144,10 @@ class ProfilingBackend final : public Backend {
                  const MlpBlockScratch& s, float* out) override;
   void moe_block(float* x, const float* y, int64_t n, int hidden, const MoeBlockWeights& b,
                  const MoeBlockScratch& s, float* out) override;
+  void rmsnorm_linear_multi_moe(float* x, const MoeRows& y, float* out, const float* w, float* h,
+                                bool keep_h, int64_t rows, int dim, float eps,
+                                const Weight* const* ws, float* const* outs, int count) override;
+  void add_moe(float* x, const MoeRows& y, float* out, int64_t rows, int dim) override;
 
  private:
   // Runs fn, waits for the device, and charges the time to `op`, split by the call's size:

@@ -504,7 +504,9 @@ void Model::run_layers(const CacheViews& caches, int T, bool keep_step_states) {
   backend_.embed(w_.embed, s.tokens, T, s.x);
   int kv_i = 0, gdn_i = 0;
   // Each block starts with the residual add of the block before (none before the first), the
-  // norm and its input projections in one call (Backend::rmsnorm_linear_multi).
+  // norm and its input projections in one call (Backend::rmsnorm_linear_multi, or its _moe form
+  // where the MoE block before left its combine to it).
+  pending_moe_ = MoeRows{};
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LayerWeights& L = w_.layers[l];
     const float* residual = l == 0 ? nullptr : s.ff_out;
@@ -515,7 +517,26 @@ void Model::run_layers(const CacheViews& caches, int T, bool keep_step_states) {
     }
     ffn_block(L, T);
   }
-  backend_.add(s.x, s.ff_out, T * H);
+  if (pending_moe_.rows != nullptr) {
+    backend_.add_moe(s.x, pending_moe_, s.ff_out, T, static_cast<int>(H));
+    pending_moe_ = MoeRows{};
+  } else {
+    backend_.add(s.x, s.ff_out, T * H);
+  }
+}
+
+void Model::block_norm(const float* residual, const float* norm, const Weight* const* ws,
+                       float* const* outs, int count, int T) {
+  Scratch& s = *s_;
+  const int H = static_cast<int>(cfg_.hidden_size);
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  if (residual != nullptr && pending_moe_.rows != nullptr) {
+    backend_.rmsnorm_linear_multi_moe(s.x, pending_moe_, s.ff_out, norm, s.h, false, T, H, eps, ws,
+                                      outs, count);
+    pending_moe_ = MoeRows{};
+    return;
+  }
+  backend_.rmsnorm_linear_multi(s.x, residual, norm, s.h, false, T, H, eps, ws, outs, count);
 }
 
 void Model::project_logits(int first, int rows) {
@@ -538,8 +559,7 @@ void Model::attention_block(const LayerWeights& L, int kv_index, const CacheView
   {
     const Weight* ws[] = {&A.q_proj, &A.k_proj, &A.v_proj};
     float* outs[] = {cfg_.attn_output_gate ? s.qg : s.q, s.k, s.v};
-    backend_.rmsnorm_linear_multi(s.x, residual, L.input_norm.data, s.h, false, T,
-                                  static_cast<int>(cfg_.hidden_size), eps, ws, outs, 3);
+    block_norm(residual, L.input_norm.data, ws, outs, 3, T);
   }
   const KVLayerView& kv = caches.kv[kv_index];
   // q_proj rows per head, gated: [query (D) | gate (D)].
@@ -563,9 +583,7 @@ void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& ca
   {
     const Weight* ws[] = {&G.in_proj_qkv, &G.in_proj_z, &G.in_proj_b, &G.in_proj_a};
     float* outs[] = {s.qkv, s.z, s.b, s.a};
-    backend_.rmsnorm_linear_multi(s.x, residual, L.input_norm.data, s.h, false, T,
-                                  static_cast<int>(cfg_.hidden_size),
-                                  static_cast<float>(cfg_.rms_norm_eps), ws, outs, 4);
+    block_norm(residual, L.input_norm.data, ws, outs, 4, T);
   }
   // The front (conv, l2norms, gates), the delta rule, the gated norm and the output projection:
   // a backend may fuse the first three (Backend::gdn_mixer). conv_out rows: [q (Hk*Dk) | k
@@ -607,7 +625,9 @@ void Model::ffn_block(const LayerWeights& L, int T) {
     b.shared_expert_gate = &f.shared_gate;
     b.shared_gate = &f.gate_proj, b.shared_up = &f.up_proj, b.shared_down = &f.down_proj;
   }
-  const MoeBlockScratch bs{s.h, s.router, s.sg, s.topi, s.topw, s.moe_scratch};
+  // The combine may be left to the next block's norm (pending_moe_): the rows stay in
+  // moe_scratch, which nothing before that norm uses.
+  const MoeBlockScratch bs{s.h, s.router, s.sg, s.topi, s.topw, s.moe_scratch, &pending_moe_};
   backend_.moe_block(s.x, s.mix, T, static_cast<int>(cfg_.hidden_size), b, bs, s.ff_out);
 }
 

@@ -133,6 +133,10 @@ class Model {
   void forget_recordings();
   // The mixers start from the residual stream s.x: residual (the block before's output, or null
   // for the first layer) is added, then the input norm.
+  // x += residual (or the MoE output pending_moe_ left uncombined), then the block's norm and
+  // its input projections.
+  void block_norm(const float* residual, const float* norm, const Weight* const* ws,
+                  float* const* outs, int count, int T);
   void attention_block(const LayerWeights& L, int kv_index, const CacheViews& caches, int T,
                        const float* residual);
   void gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& caches, int T,
@@ -160,6 +164,7 @@ class Model {
   ModelOptions options_;
   // Recorded decode steps by shape: (sequences, block-table width, cache identity) -> id.
   std::vector<std::pair<std::vector<uint64_t>, int64_t>> recordings_;
+  MoeRows pending_moe_;  // the last MoE block's uncombined output, for the next block's norm
   uint64_t recordings_epoch_ = 0;  // the backend's memory_epoch() the recordings were made in
   std::vector<int32_t> padded_tables_;
   RecordStats record_stats_;

@@ -160,6 +160,10 @@ class CudaBackend final : public Backend {
   void rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h, bool keep_h,
                             int64_t rows, int dim, float eps, const Weight* const* ws,
                             float* const* outs, int count) override;
+  void rmsnorm_linear_multi_moe(float* x, const MoeRows& y, float* out, const float* w, float* h,
+                                bool keep_h, int64_t rows, int dim, float eps,
+                                const Weight* const* ws, float* const* outs, int count) override;
+  void add_moe(float* x, const MoeRows& y, float* out, int64_t rows, int dim) override;
   void gdn_mixer(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
                  const GdnMixerWeights& w, const GdnMixerIo& io, float* out) override;
   void rmsnorm_gated_linear(const float* o, const float* z, const float* norm_w, float* normed,
@@ -262,10 +266,18 @@ class CudaBackend final : public Backend {
                        const Weight& w, float* out);
   // moe, with x's 4-bit digits already in the GEMV workspace when `prepared` is given
   // (moe_block's fused front; used when the slot kernels take all n rows in one piece).
+  // defer: as MoeBlockScratch::defer (the slot kernels' decode rows may leave their combine).
   void moe_experts(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
                    const Weight& gate, const Weight& up, const Weight& down,
                    const SharedExpert* shared, float* out, float* scratch,
-                   const cuda::Q4Act* prepared);
+                   const cuda::Q4Act* prepared, MoeRows* defer = nullptr);
+  // out = the combine of a deferred MoE output (rows of dim).
+  void moe_combine_into(const MoeRows& y, int64_t rows, int dim, float* out);
+  // rmsnorm_linear_multi; with moe non-null, a deferred MoE output is the residual instead of y
+  // (combined into moe_out first where the norm's kernel cannot take it).
+  void rmsnorm_linear_multi_impl(float* x, const float* y, const MoeRows* moe, float* moe_out,
+                                 const float* w, float* h, bool keep_h, int64_t rows, int dim,
+                                 float eps, const Weight* const* ws, float* const* outs, int count);
   // moe's general form: per-slot indexed GEMVs of any fast format, no shared expert.
   void moe_routed_indexed(const float* x, int64_t n, int k, const int32_t* ids,
                           const float* weights, const cuda::DevMat& gate, const cuda::DevMat& up,

@@ -189,11 +189,22 @@ bool q4_mma_eligible(const DevMat& m);
 // Where the activations of `rows` rows of width K are prepared in ws.act (no kernel).
 Q4Act q4_act_layout(int64_t rows, int64_t K, int group, Q4Operands operands,
                     const GemvWorkspace& ws);
-// x += y (y may be null); h = rmsnorm(x) * w per row of width K (at most 8192); and h's digits
-// into `act` (q4_act_layout with kDigits): a block's norm and the preparation of its 4-bit
-// projections in one kernel.
+// A MoE block's uncombined output (tokenmill::MoeRows): row t is sum_j weights[t * k + j] *
+// rows[t * per_token + j] (+ sigmoid(gate_logit[t]) * rows[t * per_token + k] when per_token >
+// k), added in that order (moe_combine_kernel's).
+struct CombineRows {
+  const float* rows = nullptr;
+  const float* weights = nullptr;
+  const float* gate_logit = nullptr;
+  int k = 0, per_token = 0;
+};
+
+// x += y (y may be null; or, with cr.rows, x += the combine of cr); h = rmsnorm(x) * w per row of
+// width K (at most 8192); and h's digits into `act` (q4_act_layout with kDigits): a block's
+// norm and the preparation of its 4-bit projections in one kernel.
 void launch_rmsnorm_q4d(cudaStream_t st, float* x, const float* y, const float* w, float* h,
-                        int64_t rows, int64_t K, float eps, const Q4Act& act);
+                        int64_t rows, int64_t K, float eps, const Q4Act& act,
+                        const CombineRows& cr = CombineRows{});
 // g = rmsnorm_gated(o, z, w) per head of `dim` (dim / 8 a power of two <= 32) of `rows` rows of
 // heads * dim (at most 8192), written to `normed`, and g's digits into `act` (kDigits).
 void launch_rmsnorm_gated_q4d(cudaStream_t st, const float* o, const float* z, const float* w,

@@ -78,8 +78,8 @@ __global__ void __launch_bounds__(kPrepThreads)
 // it next: the norm that starts a block and the preparation of its projections in one kernel.
 // Block per row, thread j owns word j (8 values); the arithmetic is rmsnorm_vec_kernel's.
 __global__ void __launch_bounds__(1024)
-    rmsnorm_q4d_kernel(float* x, const float* y, const float* __restrict__ w, float* h, int64_t K,
-                       float eps, int group, Q4Act act) {
+    rmsnorm_q4d_kernel(float* x, const float* y, CombineRows cr, const float* __restrict__ w,
+                       float* h, int64_t K, float eps, int group, Q4Act act) {
   __shared__ float red[32];
   const int64_t r = blockIdx.x, words = K / 8, j = threadIdx.x;
   const bool live = j < words;
@@ -100,11 +100,25 @@ __global__ void __launch_bounds__(1024)
       const float4 ya = y4[2 * j], yb = y4[2 * j + 1];
       a = make_float4(a.x + ya.x, a.y + ya.y, a.z + ya.z, a.w + ya.w);
       b = make_float4(b.x + yb.x, b.y + yb.y, b.z + yb.z, b.w + yb.w);
+    } else if (cr.rows != nullptr) {
+      // The MoE combine (moe_combine_kernel's order), then the residual add as with y.
+      float ya[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+      const float* d = cr.rows + r * cr.per_token * K + 8 * j;
+      const int terms = cr.per_token > cr.k ? cr.k + 1 : cr.k;
+      for (int s = 0; s < terms; ++s) {
+        const float wt = s < cr.k ? cr.weights[r * cr.k + s] : sigmoid_f(cr.gate_logit[r]);
+        const float4 u = reinterpret_cast<const float4*>(d + s * K)[0];
+        const float4 v = reinterpret_cast<const float4*>(d + s * K)[1];
+        ya[0] += wt * u.x, ya[1] += wt * u.y, ya[2] += wt * u.z, ya[3] += wt * u.w;
+        ya[4] += wt * v.x, ya[5] += wt * v.y, ya[6] += wt * v.z, ya[7] += wt * v.w;
+      }
+      a = make_float4(a.x + ya[0], a.y + ya[1], a.z + ya[2], a.w + ya[3]);
+      b = make_float4(b.x + ya[4], b.y + ya[5], b.z + ya[6], b.w + ya[7]);
     }
   }
   float ss = a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
   ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-  if (y != nullptr && live) {
+  if ((y != nullptr || cr.rows != nullptr) && live) {
     x4[2 * j] = a;
     x4[2 * j + 1] = b;
   }
@@ -386,12 +400,13 @@ void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, const float* up,
 }
 
 void launch_rmsnorm_q4d(cudaStream_t st, float* x, const float* y, const float* w, float* h,
-                        int64_t rows, int64_t K, float eps, const Q4Act& act) {
+                        int64_t rows, int64_t K, float eps, const Q4Act& act,
+                        const CombineRows& cr) {
   TM_CUDA_REQUIRE(K % act.group == 0 && K / 8 <= 1024 && rows >= 1 && rows <= 65535,
                   "rmsnorm_q4d: rows of whole groups, at most 8192 wide");
   const int threads = static_cast<int>((K / 8 + 31) / 32 * 32);
-  launch_pdl(rmsnorm_q4d_kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, st, x, y, w,
-             h, K, eps, act.group, act);
+  launch_pdl(rmsnorm_q4d_kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, st, x, y, cr,
+             w, h, K, eps, act.group, act);
   TM_CUDA_LAUNCHED();
 }
 

@@ -278,12 +278,26 @@ void CudaBackend::linear(const float* x, int64_t n, const Weight& w, float* out,
 void CudaBackend::rmsnorm_linear_multi(float* x, const float* y, const float* w, float* h,
                                        bool keep_h, int64_t rows, int dim, float eps,
                                        const Weight* const* ws, float* const* outs, int count) {
+  rmsnorm_linear_multi_impl(x, y, nullptr, nullptr, w, h, keep_h, rows, dim, eps, ws, outs, count);
+}
+
+void CudaBackend::rmsnorm_linear_multi_moe(float* x, const MoeRows& y, float* out, const float* w,
+                                           float* h, bool keep_h, int64_t rows, int dim, float eps,
+                                           const Weight* const* ws, float* const* outs, int count) {
+  rmsnorm_linear_multi_impl(x, out, &y, out, w, h, keep_h, rows, dim, eps, ws, outs, count);
+}
+
+void CudaBackend::rmsnorm_linear_multi_impl(float* x, const float* y, const MoeRows* moe,
+                                            float* moe_out, const float* w, float* h, bool keep_h,
+                                            int64_t rows, int dim, float eps,
+                                            const Weight* const* ws, float* const* outs,
+                                            int count) {
   const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   int q4[16];
   int nq = 0;
   DevMat first;
   if (rows >= 1 && rows <= cuda::kQ4DigitMaxRows && dim % 8 == 0 && dim / 8 <= 1024 &&
-      count <= 16 && al(x) && al(y) && al(w) && al(h)) {
+      count <= 16 && al(x) && al(y) && al(w) && al(h) && (moe == nullptr || al(moe->rows))) {
     for (int i = 0; i < count; ++i) {
       const DevMat m = cuda::make_devmat(*ws[i], 0);
       if (ws[i]->experts || m.cols != dim ||
@@ -296,6 +310,7 @@ void CudaBackend::rmsnorm_linear_multi(float* x, const float* y, const float* w,
     }
   }
   if (nq == 0) {
+    if (moe != nullptr) moe_combine_into(*moe, rows, dim, moe_out);  // y is moe_out
     if (!norm_into_bf16_gemms(x, y, w, keep_h ? h : nullptr, rows, dim, eps, ws, outs, count)) {
       Backend::rmsnorm_linear_multi(x, y, w, h, keep_h, rows, dim, eps, ws, outs, count);
     }
@@ -303,7 +318,10 @@ void CudaBackend::rmsnorm_linear_multi(float* x, const float* y, const float* w,
   }
   const cuda::Q4Act act =
       cuda::q4_act_layout(rows, dim, first.group, cuda::Q4Operands::kDigits, gemv_ws_);
-  cuda::launch_rmsnorm_q4d(stream_, x, y, w, h, rows, dim, eps, act);
+  // A deferred MoE output is combined by the norm's kernel itself (one launch less a layer).
+  cuda::CombineRows cr;
+  if (moe != nullptr) cr = {moe->rows, moe->weights, moe->gate_logit, moe->k, moe->per_token};
+  cuda::launch_rmsnorm_q4d(stream_, x, moe != nullptr ? nullptr : y, w, h, rows, dim, eps, act, cr);
   for (int b = 0; b < nq; b += cuda::kMaxGemvJobs) {
     cuda::GemvJobs jobs;
     for (int c = b; c < nq && c < b + cuda::kMaxGemvJobs; ++c) {

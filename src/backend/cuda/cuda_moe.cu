@@ -98,6 +98,15 @@ void combine(const float* dn, const float* weights, int64_t n, int k, int per_to
 
 }  // namespace
 
+void CudaBackend::moe_combine_into(const MoeRows& y, int64_t rows, int dim, float* out) {
+  combine(y.rows, y.weights, rows, y.k, y.per_token, y.gate_logit, dim, out, stream_);
+}
+
+void CudaBackend::add_moe(float* x, const MoeRows& y, float* out, int64_t rows, int dim) {
+  moe_combine_into(y, rows, dim, out);
+  add(x, out, rows * dim);
+}
+
 void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
                       const Weight& gate, const Weight& up, const Weight& down,
                       const SharedExpert* shared, float* out, float* scratch) {
@@ -107,7 +116,8 @@ void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, cons
 void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* ids,
                               const float* weights, const Weight& gate, const Weight& up,
                               const Weight& down, const SharedExpert* shared, float* out,
-                              float* scratch, const cuda::Q4Act* prepared) {
+                              float* scratch, const cuda::Q4Act* prepared, MoeRows* defer) {
+  if (defer != nullptr) *defer = MoeRows{};
   if (n <= 0) return;
   const int64_t E = gate.experts, hidden = gate.cols, inter = gate.rows;
   TM_CUDA_REQUIRE(E > 0 && up.experts == E && down.experts == E,
@@ -198,6 +208,13 @@ void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* i
       // read them, and its weights, before its wait.
       cuda::launch_q4_gemv(stream_, dj, aa, 1, cuda::Q4Slots{pids, k, per_token, 1, true}, slots,
                            gemv_ws_);
+      // Decode rows in one piece with nothing added after: the combine may go to the next
+      // block's norm (the rows stay in scratch until then).
+      if (defer != nullptr && t0 == 0 && m == n && n <= cuda::kQ4DigitMaxRows &&
+          (shared == nullptr || fuse_shared)) {
+        *defer = MoeRows{dn, weights, fuse_shared ? shared->gate_logit : nullptr, k, per_token};
+        continue;
+      }
       combine(dn, weights + t0 * k, m, k, per_token,
               fuse_shared ? shared->gate_logit + t0 : nullptr, hidden, out + t0 * hidden, stream_);
     }

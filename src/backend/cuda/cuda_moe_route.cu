@@ -319,7 +319,7 @@ void CudaBackend::moe_block(float* x, const float* y, int64_t n, int hidden,
   TM_CUDA_LAUNCHED();
   const SharedExpert se{b.shared_gate, b.shared_up, b.shared_down, s.shared_logit};
   moe_experts(s.h, n, b.k, s.ids, s.weights, *b.gate, *b.up, *b.down, shared ? &se : nullptr, out,
-              s.scratch, digits ? &a.act : nullptr);
+              s.scratch, digits ? &a.act : nullptr, s.defer);
 }
 
 }  // namespace tokenmill
