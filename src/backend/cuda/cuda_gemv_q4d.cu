@@ -77,6 +77,9 @@ __global__ void __launch_bounds__(kPrepThreads)
 // (x += y when y is given;) h = rmsnorm(x) * w, and h's digits for the 4-bit GEMVs that read
 // it next: the norm that starts a block and the preparation of its projections in one kernel.
 // Block per row, thread j owns word j (8 values); the arithmetic is rmsnorm_vec_kernel's.
+// kCombine: the residual is a deferred MoE output (cr) instead of y; a separate instance, so
+// the dense models' norm carries none of the combine's code.
+template <bool kCombine>
 __global__ void __launch_bounds__(1024)
     rmsnorm_q4d_kernel(float* x, const float* y, CombineRows cr, const float* __restrict__ w,
                        float* h, int64_t K, float eps, int group, Q4Act act) {
@@ -100,7 +103,7 @@ __global__ void __launch_bounds__(1024)
       const float4 ya = y4[2 * j], yb = y4[2 * j + 1];
       a = make_float4(a.x + ya.x, a.y + ya.y, a.z + ya.z, a.w + ya.w);
       b = make_float4(b.x + yb.x, b.y + yb.y, b.z + yb.z, b.w + yb.w);
-    } else if (cr.rows != nullptr) {
+    } else if (kCombine) {
       // The MoE combine (moe_combine_kernel's order), then the residual add as with y.
       float ya[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
       const float* d = cr.rows + r * cr.per_token * K + 8 * j;
@@ -118,7 +121,7 @@ __global__ void __launch_bounds__(1024)
   }
   float ss = a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
   ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-  if ((y != nullptr || cr.rows != nullptr) && live) {
+  if ((kCombine || y != nullptr) && live) {
     x4[2 * j] = a;
     x4[2 * j + 1] = b;
   }
@@ -405,8 +408,9 @@ void launch_rmsnorm_q4d(cudaStream_t st, float* x, const float* y, const float* 
   TM_CUDA_REQUIRE(K % act.group == 0 && K / 8 <= 1024 && rows >= 1 && rows <= 65535,
                   "rmsnorm_q4d: rows of whole groups, at most 8192 wide");
   const int threads = static_cast<int>((K / 8 + 31) / 32 * 32);
-  launch_pdl(rmsnorm_q4d_kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, st, x, y, cr,
-             w, h, K, eps, act.group, act);
+  const auto kernel = cr.rows != nullptr ? rmsnorm_q4d_kernel<true> : rmsnorm_q4d_kernel<false>;
+  launch_pdl(kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, st, x, y, cr, w, h, K,
+             eps, act.group, act);
   TM_CUDA_LAUNCHED();
 }
 
