@@ -17,7 +17,61 @@ HostWeight make_experts(Rng& rng, int bits, int64_t E, int64_t rows, int64_t col
   return affine_weight(rng, bits, group, DType::F32, rows, cols, E);
 }
 
-class CudaMoe : public CudaVsCpu {};
+class CudaMoe : public CudaVsCpu {
+ protected:
+  // A 4-bit decode block (n <= 4) may leave its combine to the next block's norm
+  // (MoeBlockScratch::defer): x then gets the block's output from rmsnorm_linear_multi_moe or
+  // add_moe. Either must give the bits of the block's own combine followed by
+  // rmsnorm_linear_multi (or add): the same sums in the same order. `proj` is a 4-bit [*,
+  // hidden] matrix, so the norm takes the kernel that does the combine itself.
+  void expect_deferred_combine_same_bits(const MoeBlockWeights& gb, const std::vector<float>& x0,
+                                         const std::vector<float>& y, int64_t n, int64_t hidden,
+                                         int k, int64_t shared_inter, int64_t inter,
+                                         const Weight& proj, const std::string& what) {
+    const int H = static_cast<int>(hidden);
+    const size_t floats = x0.size(), proj_floats = static_cast<size_t>(n * proj.rows);
+    const auto scratch = [&](MoeRows* defer) {
+      MoeBlockScratch s{
+          poisoned(floats),
+          poisoned(static_cast<size_t>(n * gb.router->rows)),
+          poisoned(static_cast<size_t>(n)),
+          up(std::vector<int32_t>(static_cast<size_t>(n * k))),
+          poisoned(static_cast<size_t>(n * k)),
+          poisoned(static_cast<size_t>(moe_scratch_floats(n, k, inter, shared_inter, hidden)))};
+      s.defer = defer;
+      return s;
+    };
+    const Weight* ws[1] = {&proj};
+    // The block's own combine, then the norm and the projection.
+    float *xa = up(x0), *outa = poisoned(floats), *ha = poisoned(floats);
+    float* pa = poisoned(proj_floats);
+    gpu->moe_block(xa, up(y), n, H, gb, scratch(nullptr), outa);
+    gpu->rmsnorm_linear_multi(xa, outa, gb.norm, ha, true, n, H, gb.eps, ws, &pa, 1);
+    // Deferred into the norm.
+    MoeRows rows;
+    float *xb = up(x0), *outb = poisoned(floats), *hb = poisoned(floats);
+    float* pb = poisoned(proj_floats);
+    gpu->moe_block(xb, up(y), n, H, gb, scratch(&rows), outb);
+    ASSERT_EQ(rows.rows != nullptr, n <= 4) << what << ": decode rows defer their combine";
+    if (rows.rows != nullptr) {
+      gpu->rmsnorm_linear_multi_moe(xb, rows, outb, gb.norm, hb, true, n, H, gb.eps, ws, &pb, 1);
+    } else {
+      gpu->rmsnorm_linear_multi(xb, outb, gb.norm, hb, true, n, H, gb.eps, ws, &pb, 1);
+    }
+    EXPECT_EQ(down(xb, floats), down(xa, floats)) << what << " deferred: residual";
+    EXPECT_EQ(down(hb, floats), down(ha, floats)) << what << " deferred: normed rows";
+    EXPECT_EQ(down(pb, proj_floats), down(pa, proj_floats)) << what << " deferred: projection";
+    // Deferred into the plain residual add.
+    float *xc = up(x0), *outc = poisoned(floats);
+    gpu->moe_block(xc, up(y), n, H, gb, scratch(&rows), outc);
+    if (rows.rows != nullptr) {
+      gpu->add_moe(xc, rows, outc, n, H);
+    } else {
+      gpu->add(xc, outc, n * hidden);
+    }
+    EXPECT_EQ(down(xc, floats), down(xa, floats)) << what << " deferred: add_moe";
+  }
+};
 
 // Shared expert: none, one as wide as the routed experts (the 4-bit kernels run it as one more
 // slot per token) and a narrower one (run after the routed experts).
@@ -157,6 +211,7 @@ TEST_F(CudaMoe, BlockMatchesCpu) {
                                    " expert bits " + std::to_string(expert_bits) + " shared " +
                                    std::to_string(shared) + " n=" + std::to_string(n);
           std::vector<float> x = rng.normals(static_cast<size_t>(n * hidden));
+          const std::vector<float> x0 = x;
           const std::vector<float> y = rng.normals(static_cast<size_t>(n * hidden));
           const size_t scratch_floats =
               static_cast<size_t>(moe_scratch_floats(n, k, inter, shared ? inter : 0, hidden));
@@ -182,6 +237,10 @@ TEST_F(CudaMoe, BlockMatchesCpu) {
           if (shared)
             expect_close(down(gs.shared_logit, sl.size()), sl, 1e-4, what + " gate logit");
           expect_close(down(dout, out.size()), out, 1e-4, what + " out");
+          if (expert_bits == 4) {
+            expect_deferred_combine_same_bits(gb, x0, y, n, hidden, k, shared ? inter : 0, inter,
+                                              dsg, what);
+          }
         }
       }
     }
