@@ -23,6 +23,11 @@ double matrices_flops(int64_t n, const Weight* const* ws, int count) {
   for (int i = 0; i < count; ++i) f += matrix_flops(n, *ws[i]);
   return f;
 }
+// An op's label followed by each of its matrices'.
+std::string matrices_label(std::string op, const Weight* const* ws, int count) {
+  for (int i = 0; i < count; ++i) op += " " + weight_label(*ws[i]);
+  return op;
+}
 }  // namespace
 
 std::string ProfilingBackend::report() const {
@@ -111,8 +116,7 @@ void ProfilingBackend::rmsnorm_linear_multi(float* x, const float* y, const floa
                                             bool keep_h, int64_t rows, int dim, float eps,
                                             const Weight* const* ws, float* const* outs,
                                             int count) {
-  std::string label = "rmsnorm_linear_multi";
-  for (int i = 0; i < count; ++i) label += " " + weight_label(*ws[i]);
+  const std::string label = matrices_label("rmsnorm_linear_multi", ws, count);
   timed(
       label, rows,
       [&] { in_.rmsnorm_linear_multi(x, y, w, h, keep_h, rows, dim, eps, ws, outs, count); },
@@ -122,8 +126,7 @@ void ProfilingBackend::rmsnorm_linear_multi_moe(float* x, const MoeRows& y, floa
                                                 const float* w, float* h, bool keep_h, int64_t rows,
                                                 int dim, float eps, const Weight* const* ws,
                                                 float* const* outs, int count) {
-  std::string label = "rmsnorm_linear_multi_moe";
-  for (int i = 0; i < count; ++i) label += " " + weight_label(*ws[i]);
+  const std::string label = matrices_label("rmsnorm_linear_multi_moe", ws, count);
   timed(
       label, rows,
       [&] {

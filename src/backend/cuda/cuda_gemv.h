@@ -115,9 +115,10 @@ StreamK plan_streamk(const void* kernel, int threads, int64_t tiles, int64_t ste
                      TileAlign align = TileAlign::kNone);
 
 // Turns a tile-aligned plan's fixups local (StreamK::local) where each tile's warps fit one block
-// of `threads` (at most two tiles a block) or make up one cluster of up to 4 blocks (16 warps)
-// that the device can hold a wave of; leaves it as it is otherwise. The kernel must call
-// streamk_local_fixup when sk.local > 0 and be launched by launch_streamk (the cluster size).
+// of `threads` (at most two tiles a block) or clusters of up to 4 blocks hold whole tiles (at most
+// 16 warps a tile), of which the device can hold a wave; leaves it as it is otherwise. The kernel
+// must call streamk_local_fixup when sk.local > 0 and be launched by launch_streamk (the cluster
+// size).
 void plan_local_fixup(StreamK& sk, const void* kernel, int threads, size_t smem);
 
 // launch_pdl with the plan's cluster size (StreamK::cluster).

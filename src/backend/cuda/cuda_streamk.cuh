@@ -22,7 +22,8 @@
 // by tile, a 248,320-row LM head in 16-row tiles reached past the workspace's counters.)
 //
 // Local fixups (StreamK::local): in a tile-aligned launch whose tiles' warps all sit in one block
-// (local divides the block's warps) or make up one cluster of blocks (local is a multiple of it),
+// (local divides the block's warps) or in a cluster of blocks holding whole tiles (lcm(local,
+// the block's warps) warps: k = 3, three blocks of four warps, four tiles),
 // the partials meet in shared memory instead (streamk_local_fixup): no global stores, fences,
 // counters or L2 round trips between a tile's last warp and its output. H100, batch 1, against
 // the global fixups in the same build: 27B q4g64 134.5 -> 136.9 tok/s (its input projections run
@@ -57,8 +58,9 @@ struct StreamK {
   int64_t tiles_per_warp = 0;
 
   // > 0: local fixups (streamk_local_fixup), `local` warps a tile (warps == tiles * local, each
-  // warp one part of one tile), in one block (cluster == 1) or in a cluster of `cluster` blocks
-  // (local == cluster * the block's warps, launched with that cluster size).
+  // warp one part of one tile), in one block (cluster == 1) or in clusters of `cluster` blocks
+  // holding whole tiles (cluster * the block's warps == lcm(local, the block's warps), launched
+  // with that cluster size).
   int local = 0;
   int cluster = 1;
 
@@ -221,9 +223,10 @@ struct LocalFixupSlots {
 
 // The local form of streamk_fixup (StreamK::local > 0), called once by every warp of the launch
 // with its part's `vals`. Returns true on the tile's first warp, whose vals then hold the complete
-// sums added in warp order, as streamk_fixup adds them; false on the others. counted() as there. A
-// cluster's first block reads the others' slots through distributed shared memory; they wait at a
-// second cluster barrier until it has.
+// sums added in warp order, as streamk_fixup adds them; false on the others. counted() as there. In
+// a cluster, a tile's first warp reads its other warps' slots through distributed shared memory
+// (from its own block or the next); no block exits before a second cluster barrier, after every
+// read.
 template <int kCount, class Counted = NoCounted>
 __device__ __forceinline__ bool streamk_local_fixup(const StreamK& sk, float (&vals)[kCount],
                                                     LocalFixupSlots<kCount>* slots,
@@ -283,14 +286,10 @@ __device__ __forceinline__ bool streamk_local_fixup(const StreamK& sk, float (&v
       for (int i = 0; i < kCount; ++i) vals[i] += s->v[i * 32 + lane];
     }
   }
-  // Every remote read is done once the first block arrives: the others may then exit.
+  // Every warp arrives after its reads: once all have, no slot is read again and blocks may exit.
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-  if (!first) {
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-    return false;
-  }
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-  return true;
+  return first;
 }
 
 }  // namespace tokenmill::cuda
