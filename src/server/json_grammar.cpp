@@ -197,7 +197,125 @@ bool is_hex(uint8_t c) {
   return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
+// A string frame's phases (Frame::phase). Strings stay valid UTF-8 and their escapes valid
+// UTF-16: a strict parser (nlohmann, serde_json) must accept every document the grammar completes.
+enum StringPhase : uint8_t {
+  kStrChar = 0,  // at a character boundary
+  kStrEscape,    // after '\'
+  kStrHex1,      // \u, then its 4 hex digits (kStrHex1..kStrHex4)
+  kStrHex2,
+  kStrHex3,
+  kStrHex4,
+  kStrHighD,  // \uD (a surrogate if the next digit is 8-F)
+  kStrHigh3,  // \uD8..\uDB: two more digits, then the low surrogate's \uDC00..\uDFFF
+  kStrHigh4,
+  kStrLowSlash,
+  kStrLowU,
+  kStrLowD,
+  kStrLowC,  // \uD, then C..F
+  kStrLow3,
+  kStrLow4,
+  kStrCont1,    // UTF-8: one continuation byte (80..BF) left
+  kStrCont2,    // two left, the first 80..BF
+  kStrCont2E0,  // after E0: the first A0..BF (no overlong forms)
+  kStrCont2ED,  // after ED: the first 80..9F (no surrogates)
+  kStrCont3,    // three left, the first 80..BF
+  kStrCont3F0,  // after F0: the first 90..BF
+  kStrCont3F4,  // after F4: the first 80..8F (nothing past U+10FFFF)
+};
+
+// The phase after UTF-8 lead byte c (>= 0x80) at a character boundary; kStrChar for a byte no
+// character starts with.
+uint8_t utf8_lead_phase(uint8_t c) {
+  if (c >= 0xC2 && c <= 0xDF) return kStrCont1;
+  if (c == 0xE0) return kStrCont2E0;
+  if (c == 0xED) return kStrCont2ED;
+  if (c >= 0xE1 && c <= 0xEF) return kStrCont2;
+  if (c == 0xF0) return kStrCont3F0;
+  if (c >= 0xF1 && c <= 0xF3) return kStrCont3;
+  if (c == 0xF4) return kStrCont3F4;
+  return kStrChar;
+}
+
+// The phase after byte c inside a string at `phase` (not kStrChar), or -1 when c cannot come.
+int string_step(uint8_t phase, uint8_t c) {
+  const bool hex = is_hex(c), cont = c >= 0x80 && c <= 0xBF;
+  switch (phase) {
+    case kStrEscape:
+      if (c == 'u') return kStrHex1;
+      return c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' ||
+                     c == 't'
+                 ? kStrChar
+                 : -1;
+    case kStrHex1:
+      return c == 'd' || c == 'D' ? kStrHighD : hex ? kStrHex2 : -1;
+    case kStrHighD:  // \uD8..\uDB: high surrogate; \uDC..\uDF alone: never valid
+      if ((c >= '8' && c <= '9') || (c >= 'a' && c <= 'b') || (c >= 'A' && c <= 'B')) {
+        return kStrHigh3;
+      }
+      return hex && !((c >= 'c' && c <= 'f') || (c >= 'C' && c <= 'F')) ? kStrHex3 : -1;
+    case kStrHex2:
+      return hex ? kStrHex3 : -1;
+    case kStrHex3:
+      return hex ? kStrHex4 : -1;
+    case kStrHex4:
+      return hex ? kStrChar : -1;
+    case kStrHigh3:
+      return hex ? kStrHigh4 : -1;
+    case kStrHigh4:
+      return hex ? kStrLowSlash : -1;
+    case kStrLowSlash:
+      return c == '\\' ? kStrLowU : -1;
+    case kStrLowU:
+      return c == 'u' ? kStrLowD : -1;
+    case kStrLowD:
+      return c == 'd' || c == 'D' ? kStrLowC : -1;
+    case kStrLowC:
+      return (c >= 'c' && c <= 'f') || (c >= 'C' && c <= 'F') ? kStrLow3 : -1;
+    case kStrLow3:
+      return hex ? kStrLow4 : -1;
+    case kStrLow4:
+      return hex ? kStrChar : -1;
+    case kStrCont1:
+      return cont ? kStrChar : -1;
+    case kStrCont2:
+      return cont ? kStrCont1 : -1;
+    case kStrCont2E0:
+      return c >= 0xA0 && c <= 0xBF ? kStrCont1 : -1;
+    case kStrCont2ED:
+      return c >= 0x80 && c <= 0x9F ? kStrCont1 : -1;
+    case kStrCont3:
+      return cont ? kStrCont2 : -1;
+    case kStrCont3F0:
+      return c >= 0x90 && c <= 0xBF ? kStrCont2 : -1;
+    case kStrCont3F4:
+      return c >= 0x80 && c <= 0x8F ? kStrCont2 : -1;
+    default:
+      return -1;
+  }
+}
+
 }  // namespace
+
+bool json_string_run(const std::string& bytes) {
+  if (bytes.empty()) return false;
+  uint8_t phase = kStrChar;
+  for (char ch : bytes) {
+    const uint8_t c = uint8_t(ch);
+    if (phase == kStrChar) {
+      if (c == '"' || c == '\\' || c < 0x20) return false;
+      if (c >= 0x80) {
+        phase = utf8_lead_phase(c);
+        if (phase == kStrChar) return false;
+      }
+      continue;
+    }
+    const int next = string_step(phase, c);
+    if (next < 0) return false;
+    phase = uint8_t(next);
+  }
+  return phase == kStrChar;
+}
 
 std::unique_ptr<Grammar> build_grammar(const json& schema, bool any_value,
                                        const SchemaOptions& options) {
@@ -406,19 +524,16 @@ void Matcher::step(Stack& s, uint8_t c, std::vector<Stack>& out) {
           return;
         }
         if (c < 0x20) return;
-        if (c == '\\') f.phase = 1;
-      } else if (f.phase == 1) {
-        if (c == 'u') {
-          f.phase = 2;
-        } else if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' ||
-                   c == 'r' || c == 't') {
-          f.phase = 0;
-        } else {
-          return;
+        if (c == '\\') {
+          f.phase = kStrEscape;
+        } else if (c >= 0x80) {
+          f.phase = utf8_lead_phase(c);
+          if (f.phase == kStrChar) return;  // not a UTF-8 lead byte
         }
       } else {
-        if (!is_hex(c)) return;
-        f.phase = f.phase == 5 ? 0 : f.phase + 1;
+        const int next = string_step(f.phase, c);
+        if (next < 0) return;
+        f.phase = uint8_t(next);
       }
       if (track) {
         f.buf.push_back(char(c));

@@ -71,6 +71,11 @@ struct Grammar {
 std::unique_ptr<Grammar> build_grammar(const nlohmann::ordered_json& schema, bool any_value,
                                        const SchemaOptions& options = {});
 
+// Whether `bytes` may follow inside a free JSON string at a character boundary and leave it at
+// one: no quote, backslash or control byte, and whole UTF-8 characters (what the constraints
+// let through without stepping the matcher).
+bool json_string_run(const std::string& bytes);
+
 enum Kind : uint8_t { kValue, kObject, kArray, kString, kNumber, kLiteral, kDone };
 
 struct Frame {

@@ -24,12 +24,8 @@ class JsonConstraint : public TokenConstraint {
         grammar_(std::move(grammar)),
         matcher_(grammar_->root) {
     plain_.resize(bytes_->size());
-    for (size_t i = 0; i < bytes_->size(); ++i) {
-      const std::string& b = (*bytes_)[i];
-      plain_[i] = !b.empty() && std::none_of(b.begin(), b.end(), [](char ch) {
-        return ch == '"' || ch == '\\' || uint8_t(ch) < 0x20;
-      });
-    }
+    for (size_t i = 0; i < bytes_->size(); ++i)
+      plain_[i] = json_grammar::json_string_run((*bytes_)[i]);
   }
 
   void mask(std::vector<uint8_t>& allowed) override {

@@ -13,7 +13,8 @@ json parse_body(const std::string& body) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number past a double's range ("1e999").
     std::string msg = e.what();
     auto close = msg.find("] ");
     if (close != std::string::npos) msg = msg.substr(close + 2);

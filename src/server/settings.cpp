@@ -261,6 +261,10 @@ void validate_models(const Settings& s, const std::string& where) {
   const ModelSettings* flagged = nullptr;
   for (size_t i = 0; i < s.models.size(); ++i) {
     const auto& m = s.models[i];
+    if (m.name.empty()) {
+      // Requests name models by it; a root directory ("/") has no base name to give one.
+      fail("{}: models[{}].name: '{}' gives no name to derive (set \"name\")", where, i, m.path);
+    }
     if (!names.emplace(m.name, i).second) {
       fail(
           "{}: models[{}].name: '{}' is also the name of models[{}] (give each model its own "

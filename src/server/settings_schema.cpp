@@ -82,9 +82,10 @@ json parse_json_strict(const std::string& text, const std::string& file) {
   };
   try {
     return json::parse(text, callback);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     // nlohmann's message reads "[json.exception.parse_error.101] parse error at line L, column
-    // C: ..."; keep the part after the bracketed id.
+    // C: ..." (or out_of_range.406 for a number past a double's range); keep the part after the
+    // bracketed id.
     std::string msg = e.what();
     auto close = msg.find("] ");
     if (close != std::string::npos) msg = msg.substr(close + 2);

@@ -495,10 +495,7 @@ class ToolCallConstraint final : public TokenConstraint {
     for (size_t i = 0; i < bytes_->size(); ++i) {
       const std::string& b = (*bytes_)[i];
       if (b.empty() || b.find('<') != std::string::npos) continue;
-      bool plain = std::none_of(b.begin(), b.end(), [](char ch) {
-        return ch == '"' || ch == '\\' || uint8_t(ch) < 0x20;
-      });
-      kind_[i] = plain ? 2 : 1;
+      kind_[i] = json_grammar::json_string_run(b) ? 2 : 1;
     }
   }
 

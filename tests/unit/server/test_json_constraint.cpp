@@ -53,6 +53,38 @@ TEST(JsonSchemaMatcher, RejectsInvalidDocuments) {
   EXPECT_FALSE(json_schema_accepts(kPerson, false, R"({"nam": )", false));
 }
 
+// Strings stay valid UTF-8 with valid UTF-16 escapes, so a strict parser accepts every document
+// the grammar completes (found by tests/fuzz/fuzz_json_schema.cpp: invalid bytes inside a string
+// were accepted).
+TEST(JsonSchemaMatcher, StringsAreValidUtf8AndUtf16) {
+  const json str = json::parse(R"({"type": "string"})");
+  for (const std::string& doc :
+       {std::string("\"caf\xc3\xa9 \xe4\xb8\xad \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf\""),
+        std::string(R"("\ud83d\ude00 \uD7FF \ue000 \u00e9")")}) {
+    ASSERT_NO_THROW(json::parse(doc)) << doc;
+    EXPECT_TRUE(json_schema_accepts(str, false, doc, true)) << doc;
+  }
+  for (const std::string& doc : {
+           std::string("\"\x80\""),              // a continuation byte with no lead
+           std::string("\"\xc0\x80\""),          // overlong NUL
+           std::string("\"\xe0\x80\x80\""),      // overlong 3-byte form
+           std::string("\"\xed\xa0\x80\""),      // a UTF-16 surrogate in UTF-8
+           std::string("\"\xf4\x90\x80\x80\""),  // past U+10FFFF
+           std::string("\"\xf5\x80\x80\x80\""),  // not a lead byte
+           std::string("\"\xc3\""),              // a character cut by the closing quote
+           std::string("\"\xc3\xc3\""),          // a lead byte where a continuation belongs
+           std::string(R"("\ud800")"),           // a lone high surrogate
+           std::string(R"("\udc00")"),           // a lone low surrogate
+           std::string(R"("\ud800\u0041")"),     // a high surrogate, then no low one
+       }) {
+    EXPECT_ANY_THROW(json::parse(doc)) << doc;  // the reference refuses it too
+    EXPECT_FALSE(json_schema_accepts(str, false, doc, true)) << doc;
+  }
+  // A character may be cut between tokens: its first bytes are a valid prefix.
+  EXPECT_TRUE(json_schema_accepts(str, false, "\"\xe4\xb8", false));
+  EXPECT_TRUE(json_schema_accepts(str, false, R"("\ud83d\u)", false));
+}
+
 TEST(JsonSchemaMatcher, JsonObjectModeAndRefs) {
   EXPECT_TRUE(json_schema_accepts(json(), true, R"({"a": [1, {"b": null}], "c": "d"})", true));
   EXPECT_FALSE(json_schema_accepts(json(), true, R"([1])", true));

@@ -61,6 +61,10 @@ INSTANTIATE_TEST_SUITE_P(
     Catalogue, BadInput,
     ::testing::Values(
         Bad{"chat", "", "", "body is empty"}, Bad{"chat", "{\"messages\": [", "", "not valid JSON"},
+        // A number past a double's range (nlohmann's out_of_range, not a parse_error: it was a
+        // 500 before).
+        Bad{"chat", R"({"messages": [], "temperature": 1e999})", "", "number overflow"},
+        Bad{"messages", R"({"max_tokens": 777777777e777, "messages": []})", "", "not valid JSON"},
         Bad{"chat", "[1, 2]", "", "must be a JSON object"},
         Bad{"chat", "{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}", "",
             "not valid UTF-8"},

@@ -184,6 +184,8 @@ INSTANTIATE_TEST_SUITE_P(
     Catalogue, SettingsErrors,
     ::testing::Values(
         BadCase{R"({"server": {"port": 80)", {"invalid JSON", "line 1"}},
+        BadCase{R"({"server": {"port": 1e400}})", {"invalid JSON", "number overflow"}},
+        BadCase{R"({"models": ["/"]})", {"models[0].name", "no name to derive"}},
         BadCase{"[1]", {"must be an object"}},
         BadCase{R"({"server": {"port": 1, "port": 2}})", {"duplicate key 'port'", "server"}},
         BadCase{R"({"models": [{"path": "/a", "sampling": {"top_k": 1, "top_k": 2}}]})",
