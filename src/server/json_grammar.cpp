@@ -237,9 +237,27 @@ uint8_t utf8_lead_phase(uint8_t c) {
   return kStrChar;
 }
 
+// UTF-8 continuation phases (kStrCont1..kStrCont3F4, in order): the range the byte must fall in
+// and the phase after it.
+struct ByteRange {
+  uint8_t lo, hi, next;
+};
+constexpr ByteRange kContinuation[] = {
+    {0x80, 0xBF, kStrChar},  {0x80, 0xBF, kStrCont1}, {0xA0, 0xBF, kStrCont1},
+    {0x80, 0x9F, kStrCont1}, {0x80, 0xBF, kStrCont2}, {0x90, 0xBF, kStrCont2},
+    {0x80, 0x8F, kStrCont2},
+};
+
 // The phase after byte c inside a string at `phase` (not kStrChar), or -1 when c cannot come.
 int string_step(uint8_t phase, uint8_t c) {
-  const bool hex = is_hex(c), cont = c >= 0x80 && c <= 0xBF;
+  if (phase >= kStrCont1) {
+    const ByteRange& r = kContinuation[phase - kStrCont1];
+    return c >= r.lo && c <= r.hi ? r.next : -1;
+  }
+  const bool hex = is_hex(c);
+  const auto in = [c](char lo, char hi) {  // a hex digit range, either case
+    return (c >= lo && c <= hi) || (c >= (lo | 0x20) && c <= (hi | 0x20));
+  };
   switch (phase) {
     case kStrEscape:
       if (c == 'u') return kStrHex1;
@@ -248,50 +266,25 @@ int string_step(uint8_t phase, uint8_t c) {
                  ? kStrChar
                  : -1;
     case kStrHex1:
-      return c == 'd' || c == 'D' ? kStrHighD : hex ? kStrHex2 : -1;
-    case kStrHighD:  // \uD8..\uDB: high surrogate; \uDC..\uDF alone: never valid
-      if ((c >= '8' && c <= '9') || (c >= 'a' && c <= 'b') || (c >= 'A' && c <= 'B')) {
-        return kStrHigh3;
-      }
-      return hex && !((c >= 'c' && c <= 'f') || (c >= 'C' && c <= 'F')) ? kStrHex3 : -1;
-    case kStrHex2:
-      return hex ? kStrHex3 : -1;
-    case kStrHex3:
-      return hex ? kStrHex4 : -1;
-    case kStrHex4:
-      return hex ? kStrChar : -1;
-    case kStrHigh3:
-      return hex ? kStrHigh4 : -1;
-    case kStrHigh4:
-      return hex ? kStrLowSlash : -1;
+      return in('D', 'D') ? kStrHighD : hex ? kStrHex2 : -1;
+    case kStrHighD:  // \uD8..\uDB: a high surrogate; \uDC..\uDF alone is never valid
+      return in('8', '9') || in('A', 'B') ? kStrHigh3 : hex && !in('C', 'F') ? kStrHex3 : -1;
     case kStrLowSlash:
       return c == '\\' ? kStrLowU : -1;
     case kStrLowU:
       return c == 'u' ? kStrLowD : -1;
     case kStrLowD:
-      return c == 'd' || c == 'D' ? kStrLowC : -1;
+      return in('D', 'D') ? kStrLowC : -1;
     case kStrLowC:
-      return (c >= 'c' && c <= 'f') || (c >= 'C' && c <= 'F') ? kStrLow3 : -1;
-    case kStrLow3:
-      return hex ? kStrLow4 : -1;
-    case kStrLow4:
-      return hex ? kStrChar : -1;
-    case kStrCont1:
-      return cont ? kStrChar : -1;
-    case kStrCont2:
-      return cont ? kStrCont1 : -1;
-    case kStrCont2E0:
-      return c >= 0xA0 && c <= 0xBF ? kStrCont1 : -1;
-    case kStrCont2ED:
-      return c >= 0x80 && c <= 0x9F ? kStrCont1 : -1;
-    case kStrCont3:
-      return cont ? kStrCont2 : -1;
-    case kStrCont3F0:
-      return c >= 0x90 && c <= 0xBF ? kStrCont2 : -1;
-    case kStrCont3F4:
-      return c >= 0x80 && c <= 0x8F ? kStrCont2 : -1;
-    default:
-      return -1;
+      return in('C', 'F') ? kStrLow3 : -1;
+    default:  // the other hex digits of an escape
+      if (!hex) return -1;
+      return phase == kStrHex2    ? kStrHex3
+             : phase == kStrHigh3 ? kStrHigh4
+             : phase == kStrHigh4 ? kStrLowSlash
+             : phase == kStrLow3  ? kStrLow4
+             : phase == kStrHex3  ? kStrHex4
+                                  : kStrChar;  // kStrHex4, kStrLow4
   }
 }
 
@@ -317,6 +310,43 @@ bool json_string_run(const std::string& bytes) {
   return phase == kStrChar;
 }
 
+namespace {
+
+// Refuses a cycle of alternatives: a $ref to itself ("#" from the root), or anyOf options that
+// lead back to their own anyOf. The matcher expands alternatives before it reads a byte, so such
+// a cycle recursed until the stack overflowed (found by tests/fuzz/fuzz_json_schema.cpp). Every
+// other cycle passes through an object or array, which reads a byte first.
+void check_alternative_cycles(const Grammar& g) {
+  std::map<const Node*, int> state;  // 1: on the current path, 2: no cycle through it
+  std::vector<std::pair<const Node*, size_t>> path;
+  for (const auto& start : g.nodes) {
+    if (start->t != Node::kAnyOf || state[start.get()] != 0) continue;
+    state[start.get()] = 1;
+    path.emplace_back(start.get(), 0);
+    while (!path.empty()) {
+      auto& [n, next] = path.back();
+      if (next == n->options.size()) {
+        state[n] = 2;
+        path.pop_back();
+        continue;
+      }
+      const Node* o = n->options[next++];
+      if (o->t != Node::kAnyOf) continue;
+      if (state[o] == 1) {
+        bad_request(g.options.param,
+                    "a $ref or anyOf leads back to itself with no value in between (no document "
+                    "can match it): refer to a definition that is an object, array or value");
+      }
+      if (state[o] == 0) {
+        state[o] = 1;
+        path.emplace_back(o, 0);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Grammar> build_grammar(const json& schema, bool any_value,
                                        const SchemaOptions& options) {
   auto g = std::make_unique<Grammar>();
@@ -328,6 +358,7 @@ std::unique_ptr<Grammar> build_grammar(const json& schema, bool any_value,
     g->root = n;
   } else {
     g->root = compile(*g, schema, "");
+    check_alternative_cycles(*g);
   }
   g->root_schema = nullptr;
   return g;

@@ -85,6 +85,30 @@ TEST(JsonSchemaMatcher, StringsAreValidUtf8AndUtf16) {
   EXPECT_TRUE(json_schema_accepts(str, false, R"("\ud83d\u)", false));
 }
 
+// A $ref cycle with no value in between has no finite document; the matcher expanded it until
+// its stack overflowed (found by tests/fuzz/fuzz_json_schema.cpp). Now a 400; a cycle through an
+// object or array is still fine.
+TEST(JsonSchemaMatcher, RefCyclesWithoutAValueAre400) {
+  for (
+      const char* schema : {
+          R"({"$ref": "#"})",
+          R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})",
+          R"({"$defs": {"a": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/a"}]}},
+               "$ref": "#/$defs/a"})",
+      }) {
+    try {
+      json_schema_accepts(json::parse(schema), false, "null", true);
+      ADD_FAILURE() << "accepted " << schema;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400);
+      EXPECT_NE(std::string(e.what()).find("leads back to itself"), std::string::npos) << e.what();
+    }
+  }
+  const json list = json::parse(R"({"$defs": {"l": {"anyOf": [{"type": "null"},
+      {"type": "object", "properties": {"next": {"$ref": "#/$defs/l"}}}]}}, "$ref": "#/$defs/l"})");
+  EXPECT_TRUE(json_schema_accepts(list, false, R"({"next": {"next": null}})", true));
+}
+
 TEST(JsonSchemaMatcher, JsonObjectModeAndRefs) {
   EXPECT_TRUE(json_schema_accepts(json(), true, R"({"a": [1, {"b": null}], "c": "d"})", true));
   EXPECT_FALSE(json_schema_accepts(json(), true, R"([1])", true));
