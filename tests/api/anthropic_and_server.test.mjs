@@ -142,6 +142,11 @@ test('bad input gets 400/413 with a clear message and the server keeps serving',
     ['/v1/chat/completions', JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'x'.repeat(2 << 20) }] }), 413, 'limit'],
     ['/v1/messages', JSON.stringify({ model: MODEL, messages: USER }), 400, 'max_tokens'],
     ['/v1/completions', JSON.stringify({ model: MODEL, prompt: [1, -5] }), 400, 'prompt[1]'],
+    // Found by the fuzz targets (docs/TESTING.md): a number past a double's range was a 500, a
+    // schema that refers to itself with no value in between crashed the server.
+    ['/v1/chat/completions', `{"model": "${MODEL}", "messages": ${JSON.stringify(USER)}, "temperature": 1e999}`, 400, 'number overflow'],
+    ['/v1/chat/completions', JSON.stringify({ model: MODEL, messages: USER, max_tokens: 8,
+      response_format: { type: 'json_schema', json_schema: { name: 'loop', schema: { $ref: '#' } } } }), 400, 'leads back to itself'],
   ];
   for (const [path, body, code, text] of cases) {
     const r = await post(path, body);
