@@ -1,5 +1,9 @@
 #include "server/json_grammar.h"
 
+#include <algorithm>
+#include <functional>
+#include <map>
+
 #include "server/api_error.h"
 
 namespace tokenmill::server::json_grammar {
@@ -345,6 +349,33 @@ void check_alternative_cycles(const Grammar& g) {
   }
 }
 
+// Each anyOf's options as the distinct non-anyOf nodes they lead to (nested anyOf flattened):
+// the matcher then expands one level, where nested alternatives (a $defs chain of anyOf pairs,
+// 1 KB of schema) cost 2^depth expansions a byte. Needs check_alternative_cycles first.
+void flatten_alternatives(Grammar& g) {
+  std::map<const Node*, std::vector<const Node*>> leaves;
+  std::function<const std::vector<const Node*>&(const Node*)> leaves_of =
+      [&](const Node* n) -> const std::vector<const Node*>& {
+    auto it = leaves.find(n);
+    if (it != leaves.end()) return it->second;
+    std::vector<const Node*> out;
+    for (const Node* o : n->options) {
+      const std::vector<const Node*> sub =
+          o->t == Node::kAnyOf ? leaves_of(o) : std::vector<const Node*>{o};
+      for (const Node* l : sub) {
+        if (std::find(out.begin(), out.end(), l) == out.end()) out.push_back(l);
+      }
+    }
+    return leaves[n] = std::move(out);
+  };
+  for (const auto& n : g.nodes) {
+    if (n->t == Node::kAnyOf) leaves_of(n.get());
+  }
+  for (const auto& n : g.nodes) {
+    if (n->t == Node::kAnyOf) n->options = leaves[n.get()];
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<Grammar> build_grammar(const json& schema, bool any_value,
@@ -359,12 +390,19 @@ std::unique_ptr<Grammar> build_grammar(const json& schema, bool any_value,
   } else {
     g->root = compile(*g, schema, "");
     check_alternative_cycles(*g);
+    flatten_alternatives(*g);
   }
   g->root_schema = nullptr;
   return g;
 }
 
 // ---- The matcher ----
+
+void Matcher::prune(std::vector<Stack>& stacks) {
+  std::sort(stacks.begin(), stacks.end());
+  stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
+  if (stacks.size() > kMaxParses) stacks.resize(kMaxParses);
+}
 
 // The top value frame finished: tell its parent.
 void Matcher::value_done(Stack& s) {

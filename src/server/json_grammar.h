@@ -11,6 +11,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace tokenmill::server::json_grammar {
@@ -88,8 +89,20 @@ struct Frame {
   int32_t count = 0;       // kArray: items; kLiteral: position
   int32_t key_index = -1;  // kObject: property of the current key (-1 = additional)
   std::string buf;         // kString with enum or key: inner text so far
+
+  bool operator==(const Frame&) const = default;
+  auto operator<=>(const Frame& o) const {
+    return std::tie(kind, phase, ws, key, node, seen, count, key_index, buf) <=>
+           std::tie(o.kind, o.phase, o.ws, o.key, o.node, o.seen, o.count, o.key_index, o.buf);
+  }
 };
 using Stack = std::vector<Frame>;
+
+// Live parses a Matcher keeps at most. Alternatives that stay open (anyOf options of objects
+// or arrays nested in each other) can multiply them with every level; past this many the rest
+// are dropped, which only narrows what may come (each kept parse is a valid one), so a request's
+// schema cannot make every byte cost exponential time.
+inline constexpr size_t kMaxParses = 256;
 
 class Matcher {
  public:
@@ -99,10 +112,12 @@ class Matcher {
     stacks_.push_back(Stack{f});
   }
   bool alive() const { return !stacks_.empty(); }
+  size_t parses() const { return stacks_.size(); }  // live parses (at most kMaxParses)
   bool feed(uint8_t c) {
     std::vector<Stack> next;
     for (auto& s : stacks_) step(s, c, next);
     stacks_ = std::move(next);
+    if (stacks_.size() > 1) prune(stacks_);
     return !stacks_.empty();
   }
   bool feed(const std::string& bytes) {
@@ -144,6 +159,8 @@ class Matcher {
   // Candidate texts for the string frame on top: enum values, or the free keys of its object.
   static bool string_prefix_ok(const Stack& s, const std::string& buf, bool whole);
   void step(Stack& s, uint8_t c, std::vector<Stack>& out);
+  // Identical parses (alternatives that reached the same state) once; at most kMaxParses.
+  static void prune(std::vector<Stack>& stacks);
 
   std::vector<Stack> stacks_;
 };
