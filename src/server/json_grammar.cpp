@@ -5,6 +5,7 @@
 #include <map>
 
 #include "server/api_error.h"
+#include "text/unicode_utf8.h"
 
 namespace tokenmill::server::json_grammar {
 
@@ -295,23 +296,9 @@ int string_step(uint8_t phase, uint8_t c) {
 }  // namespace
 
 bool json_string_run(const std::string& bytes) {
-  if (bytes.empty()) return false;
-  uint8_t phase = kStrChar;
-  for (char ch : bytes) {
-    const uint8_t c = uint8_t(ch);
-    if (phase == kStrChar) {
-      if (c == '"' || c == '\\' || c < 0x20) return false;
-      if (c >= 0x80) {
-        phase = utf8_lead_phase(c);
-        if (phase == kStrChar) return false;
-      }
-      continue;
-    }
-    const int next = string_step(phase, c);
-    if (next < 0) return false;
-    phase = uint8_t(next);
-  }
-  return phase == kStrChar;
+  return !bytes.empty() && std::none_of(bytes.begin(), bytes.end(), [](char ch) {
+    return ch == '"' || ch == '\\' || uint8_t(ch) < 0x20;
+  }) && text::is_valid_utf8(bytes);
 }
 
 namespace {

@@ -11,7 +11,10 @@
 // description, default, examples, format, $schema, $id) are ignored; other keywords that
 // restrict values (pattern, minimum, ...) are rejected, so an output never silently misses them.
 // Whitespace is limited to 2 bytes in a row and numbers to 20 digits, so a model cannot pad
-// a document until max_tokens.
+// a document until max_tokens. Strings are well-formed UTF-8 with valid UTF-16 escapes (strict
+// parsers accept every document). A $ref or anyOf that leads back to itself with no value in
+// between is rejected, and at most json_grammar::kMaxParses parses stay open, so no schema makes
+// a byte cost more than that.
 #pragma once
 
 #include <cstdint>
