@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "server/api_error.h"
 #include "text/unicode_utf8.h"
@@ -293,58 +294,24 @@ int string_step(uint8_t phase, uint8_t c) {
   }
 }
 
-}  // namespace
-
-bool json_string_run(const std::string& bytes) {
-  return !bytes.empty() && std::none_of(bytes.begin(), bytes.end(), [](char ch) {
-    return ch == '"' || ch == '\\' || uint8_t(ch) < 0x20;
-  }) && text::is_valid_utf8(bytes);
-}
-
-namespace {
-
-// Refuses a cycle of alternatives: a $ref to itself ("#" from the root), or anyOf options that
-// lead back to their own anyOf. The matcher expands alternatives before it reads a byte, so such
-// a cycle recursed until the stack overflowed (found by tests/fuzz/fuzz_json_schema.cpp). Every
-// other cycle passes through an object or array, which reads a byte first.
-void check_alternative_cycles(const Grammar& g) {
-  std::map<const Node*, int> state;  // 1: on the current path, 2: no cycle through it
-  std::vector<std::pair<const Node*, size_t>> path;
-  for (const auto& start : g.nodes) {
-    if (start->t != Node::kAnyOf || state[start.get()] != 0) continue;
-    state[start.get()] = 1;
-    path.emplace_back(start.get(), 0);
-    while (!path.empty()) {
-      auto& [n, next] = path.back();
-      if (next == n->options.size()) {
-        state[n] = 2;
-        path.pop_back();
-        continue;
-      }
-      const Node* o = n->options[next++];
-      if (o->t != Node::kAnyOf) continue;
-      if (state[o] == 1) {
-        bad_request(g.options.param,
-                    "a $ref or anyOf leads back to itself with no value in between (no document "
-                    "can match it): refer to a definition that is an object, array or value");
-      }
-      if (state[o] == 0) {
-        state[o] = 1;
-        path.emplace_back(o, 0);
-      }
-    }
-  }
-}
-
-// Each anyOf's options as the distinct non-anyOf nodes they lead to (nested anyOf flattened):
-// the matcher then expands one level, where nested alternatives (a $defs chain of anyOf pairs,
-// 1 KB of schema) cost 2^depth expansions a byte. Needs check_alternative_cycles first.
+// Each anyOf's options become the distinct non-anyOf nodes they lead to (nested anyOf
+// flattened): the matcher then expands one level, where a $defs chain of 20 anyOf pairs (1.3 KB
+// of schema) cost 2^20 expansions a byte. A cycle of alternatives alone (a $ref to itself, "#"
+// from the root, or anyOf options that lead back to their own anyOf) is refused: the matcher
+// expands alternatives before it reads a byte, so it recursed until the stack overflowed (found
+// by tests/fuzz/fuzz_json_schema.cpp). Every other cycle passes through an object or array,
+// which reads a byte first.
 void flatten_alternatives(Grammar& g) {
   std::map<const Node*, std::vector<const Node*>> leaves;
+  std::set<const Node*> open;  // anyOf nodes whose leaves are being gathered
   std::function<const std::vector<const Node*>&(const Node*)> leaves_of =
       [&](const Node* n) -> const std::vector<const Node*>& {
-    auto it = leaves.find(n);
-    if (it != leaves.end()) return it->second;
+    if (auto it = leaves.find(n); it != leaves.end()) return it->second;
+    if (!open.insert(n).second) {
+      bad_request(g.options.param,
+                  "a $ref or anyOf leads back to itself with no value in between (no document "
+                  "can match it): refer to a definition that is an object, array or value");
+    }
     std::vector<const Node*> out;
     for (const Node* o : n->options) {
       const std::vector<const Node*> sub =
@@ -353,6 +320,7 @@ void flatten_alternatives(Grammar& g) {
         if (std::find(out.begin(), out.end(), l) == out.end()) out.push_back(l);
       }
     }
+    open.erase(n);
     return leaves[n] = std::move(out);
   };
   for (const auto& n : g.nodes) {
@@ -365,6 +333,12 @@ void flatten_alternatives(Grammar& g) {
 
 }  // namespace
 
+bool json_string_run(const std::string& bytes) {
+  return !bytes.empty() && std::none_of(bytes.begin(), bytes.end(), [](char ch) {
+    return ch == '"' || ch == '\\' || uint8_t(ch) < 0x20;
+  }) && text::is_valid_utf8(bytes);
+}
+
 std::unique_ptr<Grammar> build_grammar(const json& schema, bool any_value,
                                        const SchemaOptions& options) {
   auto g = std::make_unique<Grammar>();
@@ -376,7 +350,6 @@ std::unique_ptr<Grammar> build_grammar(const json& schema, bool any_value,
     g->root = n;
   } else {
     g->root = compile(*g, schema, "");
-    check_alternative_cycles(*g);
     flatten_alternatives(*g);
   }
   g->root_schema = nullptr;
@@ -386,9 +359,21 @@ std::unique_ptr<Grammar> build_grammar(const json& schema, bool any_value,
 // ---- The matcher ----
 
 void Matcher::prune(std::vector<Stack>& stacks) {
-  std::sort(stacks.begin(), stacks.end());
-  stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
-  if (stacks.size() > kMaxParses) stacks.resize(kMaxParses);
+  // The first of equal parses, in the order the schema's alternatives produced them (not by
+  // their nodes' addresses), so the parses kept past kMaxParses are the same every run.
+  std::vector<size_t> order(stacks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return stacks[a] < stacks[b]; });
+  std::vector<uint8_t> keep(stacks.size(), 1);
+  for (size_t i = 1; i < order.size(); ++i) {
+    if (stacks[order[i]] == stacks[order[i - 1]]) keep[order[i]] = 0;
+  }
+  std::vector<Stack> kept;
+  for (size_t i = 0; i < stacks.size() && kept.size() < kMaxParses; ++i) {
+    if (keep[i]) kept.push_back(std::move(stacks[i]));
+  }
+  stacks = std::move(kept);
 }
 
 // The top value frame finished: tell its parent.
