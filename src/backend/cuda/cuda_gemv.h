@@ -199,10 +199,13 @@ struct CombineRows {
   const float* gate_logit = nullptr;
   int k = 0, per_token = 0;
 };
+// The widest rows (in 8-value words) whose norm can take a deferred combine: its kernel runs at
+// most 512 threads, so a thread holds a batch of terms' loads in registers.
+constexpr int kCombineMaxWords = 512;
 
-// x += y (y may be null; or, with cr.rows, x += the combine of cr); h = rmsnorm(x) * w per row of
-// width K (at most 8192); and h's digits into `act` (q4_act_layout with kDigits): a block's
-// norm and the preparation of its 4-bit projections in one kernel.
+// x += y (y may be null; or, with cr.rows, x += the combine of cr, K / 8 <= kCombineMaxWords);
+// h = rmsnorm(x) * w per row of width K (at most 8192); and h's digits into `act` (q4_act_layout
+// with kDigits): a block's norm and the preparation of its 4-bit projections in one kernel.
 void launch_rmsnorm_q4d(cudaStream_t st, float* x, const float* y, const float* w, float* h,
                         int64_t rows, int64_t K, float eps, const Q4Act& act,
                         const CombineRows& cr = CombineRows{});

@@ -78,9 +78,14 @@ __global__ void __launch_bounds__(kPrepThreads)
 // it next: the norm that starts a block and the preparation of its projections in one kernel.
 // Block per row, thread j owns word j (8 values); the arithmetic is rmsnorm_vec_kernel's.
 // kCombine: the residual is a deferred MoE output (cr) instead of y; a separate instance, so
-// the dense models' norm carries none of the combine's code.
+// the dense models' norm carries none of the combine's code. Its terms load in batches of
+// kCombineBatch, every load of a batch issued before its sums (at Qwen3.5's eight experts and
+// the shared one, one L2 round trip instead of one per unrolled group of the loop); the batch's
+// registers are why it runs at most kCombineMaxWords threads.
+constexpr int kCombineBatch = 9;
+
 template <bool kCombine>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(kCombine ? kCombineMaxWords : 1024)
     rmsnorm_q4d_kernel(float* x, const float* y, CombineRows cr, const float* __restrict__ w,
                        float* h, int64_t K, float eps, int group, Q4Act act) {
   __shared__ float red[32];
@@ -107,13 +112,29 @@ __global__ void __launch_bounds__(1024)
       // The MoE combine (moe_combine_kernel's order), then the residual add as with y.
       float ya[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
       const float* d = cr.rows + r * cr.per_token * K + 8 * j;
-      const int terms = cr.per_token > cr.k ? cr.k + 1 : cr.k;
-      for (int s = 0; s < terms; ++s) {
-        const float wt = s < cr.k ? cr.weights[r * cr.k + s] : sigmoid_f(cr.gate_logit[r]);
-        const float4 u = reinterpret_cast<const float4*>(d + s * K)[0];
-        const float4 v = reinterpret_cast<const float4*>(d + s * K)[1];
-        ya[0] += wt * u.x, ya[1] += wt * u.y, ya[2] += wt * u.z, ya[3] += wt * u.w;
-        ya[4] += wt * v.x, ya[5] += wt * v.y, ya[6] += wt * v.z, ya[7] += wt * v.w;
+      const bool gated = cr.per_token > cr.k;
+      const int terms = gated ? cr.k + 1 : cr.k;
+      const float shared_w = gated ? sigmoid_f(cr.gate_logit[r]) : 0.0f;
+      for (int s0 = 0; s0 < terms; s0 += kCombineBatch) {
+        float wt[kCombineBatch] = {};
+        float4 u[kCombineBatch] = {}, v[kCombineBatch] = {};
+#pragma unroll
+        for (int q = 0; q < kCombineBatch; ++q) {
+          const int s = s0 + q;
+          if (s < terms) {
+            wt[q] = s < cr.k ? cr.weights[r * cr.k + s] : shared_w;
+            u[q] = reinterpret_cast<const float4*>(d + s * K)[0];
+            v[q] = reinterpret_cast<const float4*>(d + s * K)[1];
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < kCombineBatch; ++q) {
+          if (s0 + q < terms) {
+            ya[0] += wt[q] * u[q].x, ya[1] += wt[q] * u[q].y, ya[2] += wt[q] * u[q].z;
+            ya[3] += wt[q] * u[q].w, ya[4] += wt[q] * v[q].x, ya[5] += wt[q] * v[q].y;
+            ya[6] += wt[q] * v[q].z, ya[7] += wt[q] * v[q].w;
+          }
+        }
       }
       a = make_float4(a.x + ya[0], a.y + ya[1], a.z + ya[2], a.w + ya[3]);
       b = make_float4(b.x + ya[4], b.y + ya[5], b.z + ya[6], b.w + ya[7]);
@@ -407,6 +428,8 @@ void launch_rmsnorm_q4d(cudaStream_t st, float* x, const float* y, const float* 
                         const CombineRows& cr) {
   TM_CUDA_REQUIRE(K % act.group == 0 && K / 8 <= 1024 && rows >= 1 && rows <= 65535,
                   "rmsnorm_q4d: rows of whole groups, at most 8192 wide");
+  TM_CUDA_REQUIRE(cr.rows == nullptr || K / 8 <= kCombineMaxWords,
+                  "rmsnorm_q4d: a deferred MoE combine takes rows of at most 4096");
   const int threads = static_cast<int>((K / 8 + 31) / 32 * 32);
   const auto kernel = cr.rows != nullptr ? rmsnorm_q4d_kernel<true> : rmsnorm_q4d_kernel<false>;
   launch_pdl(kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, st, x, y, cr, w, h, K,

@@ -297,7 +297,8 @@ void CudaBackend::rmsnorm_linear_multi_impl(float* x, const float* y, const MoeR
   int nq = 0;
   DevMat first;
   if (rows >= 1 && rows <= cuda::kQ4DigitMaxRows && dim % 8 == 0 && dim / 8 <= 1024 &&
-      count <= 16 && al(x) && al(y) && al(w) && al(h) && (moe == nullptr || al(moe->rows))) {
+      count <= 16 && al(x) && al(y) && al(w) && al(h) &&
+      (moe == nullptr || (al(moe->rows) && dim / 8 <= cuda::kCombineMaxWords))) {
     for (int i = 0; i < count; ++i) {
       const DevMat m = cuda::make_devmat(*ws[i], 0);
       if (ws[i]->experts || m.cols != dim ||
