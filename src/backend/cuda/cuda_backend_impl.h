@@ -24,6 +24,7 @@ namespace tokenmill {
 namespace cuda {
 struct DevMat;
 struct Q4Act;
+struct Q4Picks;
 struct GemvJobs;
 
 // Device memory the decode GEMVs work in, allocated once by the backend: prepared 4-bit
@@ -267,10 +268,13 @@ class CudaBackend final : public Backend {
   // moe, with x's 4-bit digits already in the GEMV workspace when `prepared` is given
   // (moe_block's fused front; used when the slot kernels take all n rows in one piece).
   // defer: as MoeBlockScratch::defer (the slot kernels' decode rows may leave their combine).
+  // picks: the router's top-k (into ids and weights) and a residual add not yet made
+  // (moe_block's front left them to the gate/up launch); made first where another path runs.
   void moe_experts(const float* x, int64_t n, int k, const int32_t* ids, const float* weights,
                    const Weight& gate, const Weight& up, const Weight& down,
                    const SharedExpert* shared, float* out, float* scratch,
-                   const cuda::Q4Act* prepared, MoeRows* defer = nullptr);
+                   const cuda::Q4Act* prepared, MoeRows* defer = nullptr,
+                   const cuda::Q4Picks* picks = nullptr);
   // out = the combine of a deferred MoE output (rows of dim).
   void moe_combine_into(const MoeRows& y, int64_t rows, int dim, float* out);
   // rmsnorm_linear_multi; with moe non-null, a deferred MoE output is the residual instead of y

@@ -55,6 +55,27 @@ __device__ __forceinline__ L2PrefetchPart l2_prefetch_part(const L2Prefetch* pf,
   return r;
 }
 
+// The router's top-k made by the slot launch itself (moe_block's front leaves it there: one
+// dependent step fewer than picking in the front's last block). After its dependent-launch wait
+// warp t of every block picks token t's k experts from `logits` (topk_softmax_warp_regs: up to
+// 256 experts, k <= 32, a warp per token) into shared memory, the slots read their ids there,
+// block 0 writes them and their weights (for the launches after) and the blocks share
+// x += y (the residual the front's last block added before).
+struct Q4Picks {
+  const float* logits = nullptr;  // [tokens, experts]; nullptr: the ids come made
+  int experts = 0;
+  int tokens = 0;  // <= kQ4PickMaxTokens
+  bool renormalize = false;
+  int32_t* ids = nullptr;    // [tokens, k]
+  float* weights = nullptr;  // [tokens, k]
+  float* x = nullptr;        // x += y over tokens * hidden floats (y null: nothing to add)
+  const float* y = nullptr;
+  int64_t resid_floats = 0;
+};
+constexpr int kQ4PickMaxTokens = 4;  // a warp each in the slot kernel's blocks of four
+constexpr int kQ4PickMaxK = 32;
+constexpr int kQ4PickMaxExperts = 256;
+
 // MoE slots of the 4-bit GEMVs: slot s of token t = s / per_token runs expert
 // ids[t * k + s % per_token], or the shared expert when s % per_token == k, on prepared
 // activation row s / x_div; its output is row s of out[j].
@@ -66,6 +87,8 @@ struct Q4Slots {
   // The ids were written two or more kernels back (not by the kernel just before this launch),
   // so the launch may read them, and load its weights, before its dependent-launch wait.
   bool ids_ready = false;
+  // picks.logits set: the launch makes the ids (ids is then picks.ids, written, not read).
+  Q4Picks picks;
 };
 
 // 16 bytes of bf16 or 8-bit weights -> F32 values (the CUDA-core GEMVs and the MoE router).

@@ -362,6 +362,15 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
   TM_CUDA_REQUIRE(ids != nullptr || (n >= 1 && n <= kQ4GemvMaxRows),
                   "q4 gemv: 1..64 activation rows");
   TM_CUDA_REQUIRE(ids == nullptr || slots >= 1, "q4 gemv: no slots");
+  const Q4Picks& pk = sl.picks;
+  TM_CUDA_REQUIRE(
+      pk.logits == nullptr ||
+          (ids == pk.ids && !sl.ids_ready && act.operands == Q4Operands::kDigits &&
+           pk.tokens >= 1 && pk.tokens <= kQ4PickMaxTokens &&
+           slots == int64_t{pk.tokens} * sl.per_token && sl.k <= kQ4PickMaxK &&
+           sl.k <= pk.experts && pk.experts <= kQ4PickMaxExperts && pk.resid_floats % 4 == 0),
+      "q4 gemv: picks in the launch take 1..4 tokens, k <= 32 of <= 256 experts, "
+      "the launch's own ids, digits");
   const int64_t tiles_per_slot = q4_number_tiles(jobs, act, 1);
   const int64_t tiles = tiles_per_slot * (ids ? slots : 1);
   if (act.operands == Q4Operands::kDigits) {

@@ -319,13 +319,59 @@ struct Q4DigitDot {
   }
 };
 
+// Q4Picks: after the wait, the router's picks into shared memory (returned: the slots' ids), the
+// residual add shared over the grid, block 0 writing the ids and weights. Every thread of every
+// block comes here (a block barrier).
+__device__ const int32_t* q4_make_picks(const Q4Slots& sl) {
+  __shared__ int32_t ids[kQ4PickMaxTokens * kQ4PickMaxK];
+  __shared__ float weights[kQ4PickMaxTokens * kQ4PickMaxK];
+  constexpr int kPer = kQ4PickMaxExperts / 32;
+  const Q4Picks& p = sl.picks;
+  wait_for_previous_grid();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (warp < p.tokens) {
+    const float* l = p.logits + int64_t{warp} * p.experts;
+    float v[kPer];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int e = lane + 32 * u;
+      v[u] = e < p.experts ? __ldcg(l + e) : -INFINITY;
+    }
+    topk_softmax_warp_regs(v, p.experts, sl.k, p.renormalize, ids + warp * sl.k,
+                           weights + warp * sl.k);
+  }
+  if (p.y != nullptr) {
+    const int64_t n4 = p.resid_floats / 4;
+    for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n4;
+         i += int64_t{gridDim.x} * blockDim.x) {
+      float4* x4 = reinterpret_cast<float4*>(p.x) + i;
+      const float4 a = *x4, b = reinterpret_cast<const float4*>(p.y)[i];
+      *x4 = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    }
+  }
+  __syncthreads();
+  if (blockIdx.x == 0) {
+    for (int i = threadIdx.x; i < p.tokens * sl.k; i += blockDim.x) {
+      p.ids[i] = ids[i];
+      p.weights[i] = weights[i];
+    }
+  }
+  return ids;
+}
+
 // kSlots: MoE slots (Q4Slots); a separate instantiation so the plain decode GEMV carries none
 // of the slot arithmetic in its registers (with it, the CB = 1 kernel spilled 84 bytes).
 template <int G, int CB, int U, int ST, bool kSlots>
 __global__ void __launch_bounds__(128, CB == 1 ? 5 : 4)
     q4d_gemv_kernel(GemvJobs jobs, Q4Act act, int n, Q4Slots slots_arg, StreamK sk,
                     int64_t tiles_per_slot) {
-  const Q4Slots slots = kSlots ? slots_arg : Q4Slots{};
+  Q4Slots slots = kSlots ? slots_arg : Q4Slots{};
+  if constexpr (kSlots) {
+    if (slots.picks.logits != nullptr) {
+      slots.ids = q4_make_picks(slots);
+      slots.ids_ready = true;  // waited for already
+    }
+  }
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
   // Expert ids from the kernel just before: wait for it before choosing the matrices. Ids from

@@ -116,9 +116,19 @@ void CudaBackend::moe(const float* x, int64_t n, int k, const int32_t* ids, cons
 void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* ids,
                               const float* weights, const Weight& gate, const Weight& up,
                               const Weight& down, const SharedExpert* shared, float* out,
-                              float* scratch, const cuda::Q4Act* prepared, MoeRows* defer) {
+                              float* scratch, const cuda::Q4Act* prepared, MoeRows* defer,
+                              const cuda::Q4Picks* picks) {
   if (defer != nullptr) *defer = MoeRows{};
   if (n <= 0) return;
+  // Picks left by moe_block's front: the gate/up launch makes them when it takes all n rows;
+  // any other path needs the ids first.
+  const auto make_picks = [&] {
+    if (picks == nullptr) return;
+    topk_softmax(picks->logits, n, picks->experts, k, picks->renormalize, picks->ids,
+                 picks->weights);
+    if (picks->y != nullptr) add(picks->x, picks->y, picks->resid_floats);
+    picks = nullptr;
+  };
   const int64_t E = gate.experts, hidden = gate.cols, inter = gate.rows;
   TM_CUDA_REQUIRE(E > 0 && up.experts == E && down.experts == E,
                   "moe: gate, up and down must have the same number of experts");
@@ -147,6 +157,8 @@ void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* i
   }
   const int64_t shared_inter = shared != nullptr ? shared->gate->rows : 0;
   const int64_t scratch_floats = moe_scratch_floats(n, k, inter, shared_inter, hidden);
+  if (q4 && n * k >= cuda::kChunkedSlotsPerExpertQ4 * E) make_picks();
+  if (!q4 && n * k >= cuda::kGroupedSlotsPerExpert * E) make_picks();
   if (q4 && n * k >= cuda::kChunkedSlotsPerExpertQ4 * E &&
       moe_chunks(x, n, k, ids, weights, mg, mu, md, out, scratch, scratch_floats)) {
     if (shared != nullptr) add_shared_expert(x, n, *shared, out, scratch);
@@ -173,6 +185,7 @@ void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* i
   }
   const bool fits = q4 && piece > 0;
   fuse_shared = fuse_shared && fits;
+  if (!fits || piece < n) make_picks();
   if (fits) {
     for (int64_t t0 = 0; t0 < n; t0 += piece) {
       const int64_t m = std::min(piece, n - t0), slots = m * per_token;
@@ -181,7 +194,8 @@ void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* i
       float* act = scratch;
       float* upo = act + slots * inter;
       float* dn = upo + slots * inter;
-      const cuda::Q4Slots gu_slots{pids, k, per_token, per_token};
+      cuda::Q4Slots gu_slots{pids, k, per_token, per_token};
+      if (picks != nullptr) gu_slots.picks = *picks;  // one piece (else made above)
       cuda::GemvJobs gu;
       gu.m[0] = mg, gu.m[1] = mu, gu.m[2] = sg, gu.m[3] = su;
       gu.out[0] = act, gu.out[1] = upo;
@@ -204,8 +218,8 @@ void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* i
       dj.shared_offset = fuse_shared ? 1 : 0;
       const cuda::Q4Act aa = cuda::launch_q4_prepare(stream_, act, inter, slots, inter, md.group,
                                                      cuda::Q4Operands::kDigits, gemv_ws_, upo);
-      // The ids came before the gate+up launch and the preparation: the down projection may
-      // read them, and its weights, before its wait.
+      // The ids came from the gate+up launch (Q4Picks) or before it, and the preparation runs
+      // in between: the down projection may read them, and its weights, before its wait.
       cuda::launch_q4_gemv(stream_, dj, aa, 1, cuda::Q4Slots{pids, k, per_token, 1, true}, slots,
                            gemv_ws_);
       // Decode rows in one piece with nothing added after: the combine may go to the next
