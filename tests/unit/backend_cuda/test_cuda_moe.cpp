@@ -166,24 +166,29 @@ TEST_F(CudaMoe, LongBatchRunsSlotKernelsInPieces) {
 // The whole block, CUDA (decode rows: the fused front; 5 rows: the ops one by one) against the
 // CPU's ops one by one: the residual, the normed rows, the logits, the same experts picked,
 // their weights and the output. Routers in bf16 and 8 bits (2,560 wide: past the chunks loaded
-// before the wait), 4-bit experts (their digits from the front) and bf16 ones.
+// before the wait); 4-bit experts (their digits from the front, the picks and the residual add
+// in the gate/up launch), bf16 ones, and 4-bit gate/up with an 8-bit down projection (the front
+// leaves the picks, but the slot kernels do not take the experts: moe_experts makes them).
 TEST_F(CudaMoe, BlockMatchesCpu) {
   Rng rng(33);
   const int64_t E = 64, hidden = 2560, inter = 64;
   const int k = 4;
   std::vector<float> norm = rng.normals(static_cast<size_t>(hidden));
   for (float& v : norm) v = 1.0f + 0.2f * v;
+  struct ExpertBits {
+    int gate_up, down;
+  };
   for (int router_bits : {0, 8}) {
-    for (int expert_bits : {4, 0}) {
+    for (const ExpertBits bits : {ExpertBits{4, 4}, ExpertBits{0, 0}, ExpertBits{4, 8}}) {
       HostWeight router = make_experts(rng, router_bits, 1, E, hidden, 64),
                  sgate = make_experts(rng, router_bits, 1, 1, hidden, 64);
       router.w.experts = sgate.w.experts = 0;
-      HostWeight g = make_experts(rng, expert_bits, E, inter, hidden),
-                 u = make_experts(rng, expert_bits, E, inter, hidden),
-                 d = make_experts(rng, expert_bits, E, hidden, inter);
-      HostWeight sg = make_experts(rng, expert_bits, 1, inter, hidden),
-                 su = make_experts(rng, expert_bits, 1, inter, hidden),
-                 sd = make_experts(rng, expert_bits, 1, hidden, inter);
+      HostWeight g = make_experts(rng, bits.gate_up, E, inter, hidden),
+                 u = make_experts(rng, bits.gate_up, E, inter, hidden),
+                 d = make_experts(rng, bits.down, E, hidden, inter);
+      HostWeight sg = make_experts(rng, bits.gate_up, 1, inter, hidden),
+                 su = make_experts(rng, bits.gate_up, 1, inter, hidden),
+                 sd = make_experts(rng, bits.down, 1, hidden, inter);
       sg.w.experts = su.w.experts = sd.w.experts = 0;
       const Weight dr = gpu->upload_weight(router.w), dsgate = gpu->upload_weight(sgate.w),
                    dg = gpu->upload_weight(g.w), du = gpu->upload_weight(u.w),
@@ -208,8 +213,9 @@ TEST_F(CudaMoe, BlockMatchesCpu) {
         }
         for (int64_t n : {1, 3, 4, 5}) {
           const std::string what = "moe_block router bits " + std::to_string(router_bits) +
-                                   " expert bits " + std::to_string(expert_bits) + " shared " +
-                                   std::to_string(shared) + " n=" + std::to_string(n);
+                                   " expert bits " + std::to_string(bits.gate_up) + "/" +
+                                   std::to_string(bits.down) + " shared " + std::to_string(shared) +
+                                   " n=" + std::to_string(n);
           std::vector<float> x = rng.normals(static_cast<size_t>(n * hidden));
           const std::vector<float> x0 = x;
           const std::vector<float> y = rng.normals(static_cast<size_t>(n * hidden));
@@ -237,7 +243,7 @@ TEST_F(CudaMoe, BlockMatchesCpu) {
           if (shared)
             expect_close(down(gs.shared_logit, sl.size()), sl, 1e-4, what + " gate logit");
           expect_close(down(dout, out.size()), out, 1e-4, what + " out");
-          if (expert_bits == 4) {
+          if (bits.gate_up == 4 && bits.down == 4) {
             expect_deferred_combine_same_bits(gb, x0, y, n, hidden, k, shared ? inter : 0, inter,
                                               dsg, what);
           }
