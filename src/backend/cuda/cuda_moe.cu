@@ -157,8 +157,7 @@ void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* i
   }
   const int64_t shared_inter = shared != nullptr ? shared->gate->rows : 0;
   const int64_t scratch_floats = moe_scratch_floats(n, k, inter, shared_inter, hidden);
-  if (q4 && n * k >= cuda::kChunkedSlotsPerExpertQ4 * E) make_picks();
-  if (!q4 && n * k >= cuda::kGroupedSlotsPerExpert * E) make_picks();
+  if (!q4 || n * k >= cuda::kChunkedSlotsPerExpertQ4 * E) make_picks();  // not the slot kernels
   if (q4 && n * k >= cuda::kChunkedSlotsPerExpertQ4 * E &&
       moe_chunks(x, n, k, ids, weights, mg, mu, md, out, scratch, scratch_floats)) {
     if (shared != nullptr) add_shared_expert(x, n, *shared, out, scratch);
@@ -185,7 +184,7 @@ void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* i
   }
   const bool fits = q4 && piece > 0;
   fuse_shared = fuse_shared && fits;
-  if (!fits || piece < n) make_picks();
+  if (!fits || piece < n) make_picks();  // not in one piece
   if (fits) {
     for (int64_t t0 = 0; t0 < n; t0 += piece) {
       const int64_t m = std::min(piece, n - t0), slots = m * per_token;
