@@ -483,6 +483,20 @@ class Backend {
   // including its own position: q [n_tokens, heads, head_dim], out [n_tokens, heads, head_dim].
   virtual void attention(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                          const float* q, int heads, float scale, float* out) = 0;
+  // An attention layer past its front: o = attention(q) as above, then out[n_tokens, w.rows] =
+  // (o * sigmoid(gate)) @ W^T, or o @ W^T when gate is null (gate and o [n_tokens, heads *
+  // head_dim]). A backend may fuse the gate and the projection's input preparation into the
+  // attention; o's contents are then unspecified.
+  virtual void attention_out(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
+                             const float* q, int heads, float scale, const float* gate,
+                             const Weight& w, float* o, float* out) {
+    attention(kv, paging, seqs, q, heads, scale, o);
+    if (gate != nullptr) {
+      sigmoid_mul_linear(o, gate, seqs.n_tokens, w, out);
+    } else {
+      linear(o, seqs.n_tokens, w, out);
+    }
+  }
 
   // ---- Gated DeltaNet ----
   // Causal depthwise conv over each sequence's rows followed by SiLU, continuing from and

@@ -567,12 +567,8 @@ void Model::attention_block(const LayerWeights& L, int kv_index, const CacheView
   backend_.attention_front(kv, s.paging, s.seqs, gated ? s.qg : s.q, gated, A.q_norm.data,
                            A.k_norm.data, eps, Hq, cfg_.rotary_dim,
                            static_cast<float>(cfg_.rope_theta), s.q, s.gate, s.k, s.v);
-  backend_.attention(kv, s.paging, s.seqs, s.q, Hq, 1.0f / std::sqrt(static_cast<float>(D)), s.o);
-  if (cfg_.attn_output_gate) {
-    backend_.sigmoid_mul_linear(s.o, s.gate, T, A.o_proj, s.mix);
-  } else {
-    backend_.linear(s.o, T, A.o_proj, s.mix);
-  }
+  backend_.attention_out(kv, s.paging, s.seqs, s.q, Hq, 1.0f / std::sqrt(static_cast<float>(D)),
+                         gated ? s.gate : nullptr, A.o_proj, s.o, s.mix);
 }
 
 void Model::gdn_block(const LayerWeights& L, int gdn_index, const CacheViews& caches, int T,

@@ -10,6 +10,8 @@
 
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemv.h"
+#include "backend/cuda/cuda_gemv_q4.cuh"
 #include "backend/cuda/cuda_kv.cuh"
 
 namespace tokenmill::cuda {
@@ -403,12 +405,18 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitA
 // then warp w sums splits w, w + 8, ... over its lanes' dims (float4s at 4 * lane + 128 * c)
 // and the warps' sums are added in warp order. Why: one thread walking every split serially
 // (three passes of dependent loads) took ~0.3 ms per layer at 32k positions (258 splits).
+//
+// kGated (an attention layer's decode output, CudaBackend::attention_out): the row is multiplied
+// by sigmoid(gate) (q4d_prepare_kernel's arithmetic, so the same bits) and only its digits for
+// the 4-bit output projection are written, by warp 0 (a head's D / 8 words; groups divide D).
 constexpr int kCombineThreads = 256;
 constexpr int kCombineWarps = kCombineThreads / 32;
 
+template <bool kGated>
 __global__ void __launch_bounds__(kCombineThreads)
     attention_combine_kernel(const float* __restrict__ ws, int splits, int D,
-                             float* __restrict__ out) {
+                             float* __restrict__ out, const float* __restrict__ gate, int heads,
+                             Q4Act act) {
   pdl_begin();
   __shared__ float w[kMaxSplits];  // exp(m_sp - M) for splits that saw positions, else 0
   __shared__ __align__(16) float part[kCombineWarps][256];
@@ -464,7 +472,29 @@ __global__ void __launch_bounds__(kCombineThreads)
     float v = 0.0f;
 #pragma unroll
     for (int k = 0; k < kCombineWarps; ++k) v += part[k][d];
-    out[th * D + d] = v * inv;
+    if constexpr (kGated) {
+      // Column d's sums are this thread's alone (D <= kCombineThreads): part[0] takes the row.
+      const float o = v * inv;
+      part[0][d] = o * sigmoid_f(gate[th * D + d]);
+    } else {
+      out[th * D + d] = v * inv;
+    }
+  }
+  if constexpr (kGated) {
+    __syncthreads();
+    if (warp == 0) {
+      const int words = D / 8;
+      const bool live = lane < words;
+      float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+      if (live) {
+        const float* p = &part[0][8 * lane];
+        const float nib[8] = {p[0], p[2], p[4], p[6], p[1], p[3], p[5], p[7]};  // nibble order
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = nib[i];
+      }
+      const int64_t t = th / heads, h = th - t * heads;
+      q4d_store_word(v, live, t, h * words + lane, int64_t{heads} * D, act.group, act);
+    }
   }
 }
 
@@ -597,41 +627,56 @@ void CudaBackend::attention_front(const KVLayerView& kv, const KVPaging& paging,
   TM_CUDA_LAUNCHED();
 }
 
+namespace {
+void check_attention(const KVLayerView& kv, int heads, bool kv_dtype_ok) {
+  TM_CUDA_REQUIRE(kv.kv_heads > 0 && heads % kv.kv_heads == 0,
+                  "attention: query heads must be a multiple of kv heads");
+  TM_CUDA_REQUIRE(kv_dtype_ok, "attention: KV caches are F32 or BF16");
+  TM_CUDA_REQUIRE(kv.head_dim > 0 && kv.head_dim <= 32 * cuda::kMaxDPerLane,
+                  "attention: head_dim must be in 1..256");
+  TM_CUDA_REQUIRE(heads <= 65535, "attention: too many heads");
+}
+}  // namespace
+
+// Few query rows: the context split so all multiprocessors share the K/V reads. Launches the
+// first pass into attn_ws_ and returns its split count, or 0 where it does not take the shape
+// (no workspace for it).
+int CudaBackend::attention_split(const KVLayerView& kv, const KVPaging& paging,
+                                 const SeqLayout& seqs, const float* q, int heads, float scale) {
+  const int r = heads / kv.kv_heads;
+  const int capacity = paging.max_blocks_per_seq * kv.block_size;
+  const size_t need = attention_workspace_floats(seqs.n_tokens, heads, kv.head_dim, capacity);
+  if (need == 0 || need > attn_ws_floats_ || attn_ws_ == nullptr || r > cuda::kMaxGroup) return 0;
+  const int positions = cuda::split_positions(capacity, seqs.n_tokens);
+  const cuda::SplitArgs a{
+      kv,        paging,  seqs, q, heads, scale, cuda::split_count(capacity, positions),
+      positions, attn_ws_};
+  // BF16 caches on sm_90: the tensor-core first pass, with its own split count.
+  int splits = gemv_ws_.wgmma
+                   ? cuda::launch_attention_split_tc(stream_, kv, paging, seqs, q, heads, scale,
+                                                     a.splits, attn_ws_, gemv_ws_.sm_count)
+                   : 0;
+  if (splits == 0) {
+    const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(kv.kv_heads),
+                    static_cast<unsigned>(seqs.n_tokens));
+    cuda::with_kv_type(kv.dtype,
+                       [&](auto tag) { cuda::launch_split<decltype(tag)>(stream_, r, grid, a); });
+    splits = a.splits;
+  }
+  TM_CUDA_LAUNCHED();
+  return splits;
+}
+
 // Positions outside the sequence's block table, or queries past the context length, produce
 // NaN rows (the model's batch validation rules them out; NaN keeps such a bug visible).
 void CudaBackend::attention(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                             const float* q, int heads, float scale, float* out) {
-  TM_CUDA_REQUIRE(kv.kv_heads > 0 && heads % kv.kv_heads == 0,
-                  "attention: query heads must be a multiple of kv heads");
-  TM_CUDA_REQUIRE(supports_kv_dtype(kv.dtype), "attention: KV caches are F32 or BF16");
-  TM_CUDA_REQUIRE(kv.head_dim > 0 && kv.head_dim <= 32 * cuda::kMaxDPerLane,
-                  "attention: head_dim must be in 1..256");
-  TM_CUDA_REQUIRE(heads <= 65535, "attention: too many heads");
+  check_attention(kv, heads, supports_kv_dtype(kv.dtype));
   if (seqs.n_tokens <= 0) return;
-  // Few query rows: split the context so all multiprocessors share the K/V reads.
-  const int r = heads / kv.kv_heads;
-  const int capacity = paging.max_blocks_per_seq * kv.block_size;
-  const size_t need = attention_workspace_floats(seqs.n_tokens, heads, kv.head_dim, capacity);
-  if (need > 0 && need <= attn_ws_floats_ && attn_ws_ != nullptr && r <= cuda::kMaxGroup) {
-    const int positions = cuda::split_positions(capacity, seqs.n_tokens);
-    const cuda::SplitArgs a{
-        kv,        paging,  seqs, q, heads, scale, cuda::split_count(capacity, positions),
-        positions, attn_ws_};
-    // BF16 caches on sm_90: the tensor-core first pass, with its own split count.
-    int splits = gemv_ws_.wgmma
-                     ? cuda::launch_attention_split_tc(stream_, kv, paging, seqs, q, heads, scale,
-                                                       a.splits, attn_ws_, gemv_ws_.sm_count)
-                     : 0;
-    if (splits == 0) {
-      const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(kv.kv_heads),
-                      static_cast<unsigned>(seqs.n_tokens));
-      cuda::with_kv_type(kv.dtype,
-                         [&](auto tag) { cuda::launch_split<decltype(tag)>(stream_, r, grid, a); });
-      splits = a.splits;
-    }
-    TM_CUDA_LAUNCHED();
-    cuda::launch_pdl(cuda::attention_combine_kernel, static_cast<unsigned>(seqs.n_tokens * heads),
-                     cuda::kCombineThreads, 0, stream_, attn_ws_, splits, kv.head_dim, out);
+  if (const int splits = attention_split(kv, paging, seqs, q, heads, scale)) {
+    cuda::launch_pdl(cuda::attention_combine_kernel<false>,
+                     static_cast<unsigned>(seqs.n_tokens * heads), cuda::kCombineThreads, 0,
+                     stream_, attn_ws_, splits, kv.head_dim, out, nullptr, heads, cuda::Q4Act{});
     TM_CUDA_LAUNCHED();
     return;
   }
@@ -660,6 +705,38 @@ void CudaBackend::attention(const KVLayerView& kv, const KVPaging& paging, const
                      kv, paging, seqs, q, heads, scale, out);
   });
   TM_CUDA_LAUNCHED();
+}
+
+// Decode rows with a gate before a 4-bit output projection: the split-context attention, whose
+// combine gates the rows and writes the projection's digits (no preparation launch), then the
+// projection. Anything else: attention, then sigmoid_mul_linear or linear.
+void CudaBackend::attention_out(const KVLayerView& kv, const KVPaging& paging,
+                                const SeqLayout& seqs, const float* q, int heads, float scale,
+                                const float* gate, const Weight& w, float* o, float* out) {
+  const int64_t n = seqs.n_tokens, K = int64_t{heads} * kv.head_dim;
+  if (gate != nullptr && n >= 1 && n <= cuda::kQ4DigitMaxRows && !w.experts &&
+      kv.head_dim % 8 == 0 && kv.head_dim / 8 <= 32) {
+    check_attention(kv, heads, supports_kv_dtype(kv.dtype));
+    const cuda::DevMat m = cuda::make_devmat(w, 0);
+    if (m.cols == K && cuda::fast_gemv_kind(m) == cuda::GemvKind::kQ4 &&
+        cuda::q4_act_bytes(n, K, m.group) <= kGemvWorkspaceBytes && kv.head_dim % m.group == 0) {
+      if (const int splits = attention_split(kv, paging, seqs, q, heads, scale)) {
+        const cuda::Q4Act act =
+            cuda::q4_act_layout(n, K, m.group, cuda::Q4Operands::kDigits, gemv_ws_);
+        cuda::launch_pdl(cuda::attention_combine_kernel<true>, static_cast<unsigned>(n * heads),
+                         cuda::kCombineThreads, 0, stream_, attn_ws_, splits, kv.head_dim, nullptr,
+                         gate, heads, act);
+        TM_CUDA_LAUNCHED();
+        cuda::GemvJobs jobs;
+        jobs.m[0] = m;
+        jobs.out[0] = out;
+        jobs.count = 1;
+        cuda::launch_q4_gemv(stream_, jobs, act, static_cast<int>(n), cuda::Q4Slots{}, 0, gemv_ws_);
+        return;
+      }
+    }
+  }
+  Backend::attention_out(kv, paging, seqs, q, heads, scale, gate, w, o, out);
 }
 
 }  // namespace tokenmill

@@ -194,6 +194,9 @@ class CudaBackend final : public Backend {
   }
   void attention(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                  const float* q, int heads, float scale, float* out) override;
+  void attention_out(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
+                     const float* q, int heads, float scale, const float* gate, const Weight& w,
+                     float* o, float* out) override;
 
   void conv1d_silu(const GDNStateView& st, const SeqLayout& seqs, const int32_t* slots,
                    const float* x, const float* weight, float* out) override;
@@ -263,6 +266,8 @@ class CudaBackend final : public Backend {
   bool norm_into_bf16_gemms(float* x, const float* y, const float* w, float* h, int64_t rows,
                             int dim, float eps, const Weight* const* ws, float* const* outs,
                             int count);
+  int attention_split(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
+                      const float* q, int heads, float scale);
   bool gated_q4_linear(const float* x, const float* y, bool sigmoid_gate, int64_t n,
                        const Weight& w, float* out);
   // moe, with x's 4-bit digits already in the GEMV workspace when `prepared` is given
