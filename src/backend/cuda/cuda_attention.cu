@@ -727,11 +727,7 @@ void CudaBackend::attention_out(const KVLayerView& kv, const KVPaging& paging,
                          cuda::kCombineThreads, 0, stream_, attn_ws_, splits, kv.head_dim, nullptr,
                          gate, heads, act);
         TM_CUDA_LAUNCHED();
-        cuda::GemvJobs jobs;
-        jobs.m[0] = m;
-        jobs.out[0] = out;
-        jobs.count = 1;
-        cuda::launch_q4_gemv(stream_, jobs, act, static_cast<int>(n), cuda::Q4Slots{}, 0, gemv_ws_);
+        q4_gemv_prepared(m, act, n, out);
         return;
       }
     }

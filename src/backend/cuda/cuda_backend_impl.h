@@ -268,6 +268,8 @@ class CudaBackend final : public Backend {
                             int count);
   int attention_split(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                       const float* q, int heads, float scale);
+  // The 4-bit digit GEMV of one matrix over n rows whose digits are already in `act`.
+  void q4_gemv_prepared(const cuda::DevMat& m, const cuda::Q4Act& act, int64_t n, float* out);
   bool gated_q4_linear(const float* x, const float* y, bool sigmoid_gate, int64_t n,
                        const Weight& w, float* out);
   // moe, with x's 4-bit digits already in the GEMV workspace when `prepared` is given

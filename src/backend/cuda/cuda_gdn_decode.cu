@@ -235,16 +235,13 @@ void CudaBackend::gdn_mixer(const GDNStateView& st, const SeqLayout& seqs, const
   const int64_t n = seqs.n_tokens, K = int64_t{st.v_heads} * st.v_dim;
   cuda::MixerArgs a{st,      seqs,      slots,  io.qkv, io.z,      io.a,          io.b, w.conv,
                     w.a_log, w.dt_bias, w.norm, w.eps,  io.normed, cuda::Q4Act{}, false};
-  cuda::GemvJobs jobs;
+  cuda::DevMat m;
   if (n >= 1 && n <= cuda::kQ4DigitMaxRows && !w.out_proj->experts) {
-    const cuda::DevMat m = cuda::make_devmat(*w.out_proj, 0);
+    m = cuda::make_devmat(*w.out_proj, 0);
     if (m.cols == K && cuda::fast_gemv_kind(m) == cuda::GemvKind::kQ4 &&
         cuda::q4_act_bytes(n, K, m.group) <= kGemvWorkspaceBytes && st.v_dim % m.group == 0) {
       a.act = cuda::q4_act_layout(n, K, m.group, cuda::Q4Operands::kDigits, gemv_ws_);
       a.digits = true;
-      jobs.m[0] = m;
-      jobs.out[0] = out;
-      jobs.count = 1;
     }
   }
   cudaLaunchConfig_t cfg = {};
@@ -264,7 +261,7 @@ void CudaBackend::gdn_mixer(const GDNStateView& st, const SeqLayout& seqs, const
   TM_CUDA(cudaLaunchKernelEx(&cfg, cuda::gdn_mixer_decode_kernel, a));
   TM_CUDA_LAUNCHED();
   if (a.digits) {
-    cuda::launch_q4_gemv(stream_, jobs, a.act, static_cast<int>(n), cuda::Q4Slots{}, 0, gemv_ws_);
+    q4_gemv_prepared(m, a.act, n, out);
   } else {
     linear(io.normed, n, *w.out_proj, out);
   }

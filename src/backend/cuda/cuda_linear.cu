@@ -380,11 +380,7 @@ void CudaBackend::rmsnorm_gated_linear(const float* o, const float* z, const flo
       const cuda::Q4Act act =
           cuda::q4_act_layout(n, K, m.group, cuda::Q4Operands::kDigits, gemv_ws_);
       cuda::launch_rmsnorm_gated_q4d(stream_, o, z, norm_w, normed, n, heads, dim, eps, act);
-      cuda::GemvJobs jobs;
-      jobs.m[0] = m;
-      jobs.out[0] = out;
-      jobs.count = 1;
-      cuda::launch_q4_gemv(stream_, jobs, act, static_cast<int>(n), cuda::Q4Slots{}, 0, gemv_ws_);
+      q4_gemv_prepared(m, act, n, out);
       return;
     }
   }
@@ -412,14 +408,19 @@ bool CudaBackend::gated_q4_linear(const float* x, const float* y, bool sigmoid_g
       m.cols % 4 != 0) {
     return false;
   }
+  const cuda::Q4Act a = cuda::launch_q4_prepare(
+      stream_, x, m.cols, n, m.cols, m.group, cuda::Q4Operands::kDigits, gemv_ws_, y, sigmoid_gate);
+  q4_gemv_prepared(m, a, n, out);
+  return true;
+}
+
+void CudaBackend::q4_gemv_prepared(const cuda::DevMat& m, const cuda::Q4Act& act, int64_t n,
+                                   float* out) {
   cuda::GemvJobs jobs;
   jobs.m[0] = m;
   jobs.out[0] = out;
   jobs.count = 1;
-  const cuda::Q4Act a = cuda::launch_q4_prepare(
-      stream_, x, m.cols, n, m.cols, m.group, cuda::Q4Operands::kDigits, gemv_ws_, y, sigmoid_gate);
-  cuda::launch_q4_gemv(stream_, jobs, a, static_cast<int>(n), cuda::Q4Slots{}, 0, gemv_ws_);
-  return true;
+  cuda::launch_q4_gemv(stream_, jobs, act, static_cast<int>(n), cuda::Q4Slots{}, 0, gemv_ws_);
 }
 
 bool CudaBackend::gemm_rows(int64_t n) const {
