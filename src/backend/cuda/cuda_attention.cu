@@ -718,8 +718,7 @@ void CudaBackend::attention_out(const KVLayerView& kv, const KVPaging& paging,
       kv.head_dim % 8 == 0 && kv.head_dim / 8 <= 32) {
     check_attention(kv, heads, supports_kv_dtype(kv.dtype));
     const cuda::DevMat m = cuda::make_devmat(w, 0);
-    if (m.cols == K && cuda::fast_gemv_kind(m) == cuda::GemvKind::kQ4 &&
-        cuda::q4_act_bytes(n, K, m.group) <= kGemvWorkspaceBytes && kv.head_dim % m.group == 0) {
+    if (q4_digit_gemv_takes(m, n, K, kv.head_dim)) {
       if (const int splits = attention_split(kv, paging, seqs, q, heads, scale)) {
         const cuda::Q4Act act =
             cuda::q4_act_layout(n, K, m.group, cuda::Q4Operands::kDigits, gemv_ws_);

@@ -268,6 +268,9 @@ class CudaBackend final : public Backend {
                             int count);
   int attention_split(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                       const float* q, int heads, float scale);
+  // Whether the 4-bit digit GEMV takes `m` over n rows of K values prepared by a kernel that
+  // writes `unit` values in one piece (whole groups of m).
+  bool q4_digit_gemv_takes(const cuda::DevMat& m, int64_t n, int64_t K, int64_t unit) const;
   // The 4-bit digit GEMV of one matrix over n rows whose digits are already in `act`.
   void q4_gemv_prepared(const cuda::DevMat& m, const cuda::Q4Act& act, int64_t n, float* out);
   bool gated_q4_linear(const float* x, const float* y, bool sigmoid_gate, int64_t n,

@@ -238,8 +238,7 @@ void CudaBackend::gdn_mixer(const GDNStateView& st, const SeqLayout& seqs, const
   cuda::DevMat m;
   if (n >= 1 && n <= cuda::kQ4DigitMaxRows && !w.out_proj->experts) {
     m = cuda::make_devmat(*w.out_proj, 0);
-    if (m.cols == K && cuda::fast_gemv_kind(m) == cuda::GemvKind::kQ4 &&
-        cuda::q4_act_bytes(n, K, m.group) <= kGemvWorkspaceBytes && st.v_dim % m.group == 0) {
+    if (q4_digit_gemv_takes(m, n, K, st.v_dim)) {
       a.act = cuda::q4_act_layout(n, K, m.group, cuda::Q4Operands::kDigits, gemv_ws_);
       a.digits = true;
     }

@@ -376,7 +376,7 @@ void CudaBackend::rmsnorm_gated_linear(const float* o, const float* z, const flo
   if (n >= 1 && n <= cuda::kQ4DigitMaxRows && !w.experts && dim % 8 == 0 && lanes <= 32 &&
       (lanes & (lanes - 1)) == 0 && K / 8 <= 1024 && al(o) && al(z) && al(norm_w) && al(normed)) {
     const DevMat m = cuda::make_devmat(w, 0);
-    if (m.cols == K && fast_kind(m, n, kGemvWorkspaceBytes) == cuda::GemvKind::kQ4) {
+    if (q4_digit_gemv_takes(m, n, K, K)) {
       const cuda::Q4Act act =
           cuda::q4_act_layout(n, K, m.group, cuda::Q4Operands::kDigits, gemv_ws_);
       cuda::launch_rmsnorm_gated_q4d(stream_, o, z, norm_w, normed, n, heads, dim, eps, act);
@@ -412,6 +412,12 @@ bool CudaBackend::gated_q4_linear(const float* x, const float* y, bool sigmoid_g
       stream_, x, m.cols, n, m.cols, m.group, cuda::Q4Operands::kDigits, gemv_ws_, y, sigmoid_gate);
   q4_gemv_prepared(m, a, n, out);
   return true;
+}
+
+bool CudaBackend::q4_digit_gemv_takes(const cuda::DevMat& m, int64_t n, int64_t K,
+                                      int64_t unit) const {
+  return n >= 1 && n <= cuda::kQ4DigitMaxRows && m.cols == K &&
+         fast_kind(m, n, kGemvWorkspaceBytes) == cuda::GemvKind::kQ4 && unit % m.group == 0;
 }
 
 void CudaBackend::q4_gemv_prepared(const cuda::DevMat& m, const cuda::Q4Act& act, int64_t n,
