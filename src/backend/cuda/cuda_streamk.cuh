@@ -224,9 +224,12 @@ struct LocalFixupSlots {
 // The local form of streamk_fixup (StreamK::local > 0), called once by every warp of the launch
 // with its part's `vals`. Returns true on the tile's first warp, whose vals then hold the complete
 // sums added in warp order, as streamk_fixup adds them; false on the others. counted() as there. In
-// a cluster, a tile's first warp reads its other warps' slots through distributed shared memory
-// (from its own block or the next); no block exits before a second cluster barrier, after every
-// read.
+// a cluster whose blocks can hold their first warps' incoming partials (k = 3 in blocks of four
+// warps: at most two first warps a block, four partials), the other warps push their partials
+// into the first warp's block before one cluster barrier and the first warp reads them locally
+// after it: one barrier and no remote reads (S46: +1.2% on the 35B-A3B, H100). Otherwise a
+// tile's first warp pulls its other warps' slots through distributed shared memory (from its
+// own block or the next), and no block exits before a second cluster barrier, after every read.
 template <int kCount, class Counted = NoCounted>
 __device__ __forceinline__ bool streamk_local_fixup(const StreamK& sk, float (&vals)[kCount],
                                                     LocalFixupSlots<kCount>* slots,
@@ -272,6 +275,28 @@ __device__ __forceinline__ bool streamk_local_fixup(const StreamK& sk, float (&v
   const int warps = static_cast<int>(blockDim.x >> 5);
   const int cw = static_cast<int>(cl.block_rank()) * warps + wl;
   const bool first = cw % k == 0;
+  // A block of `warps` warps holds at most ceil(warps / k) first warps, each receiving k - 1.
+  if ((warps + k - 1) / k * (k - 1) <= warps) {
+    const int f = cw - cw % k, fb = f / warps;
+    // The tile's k - 1 slots in block fb: after those of the block's earlier first warps.
+    const int base = (f - (fb * warps + k - 1) / k * k) / k * (k - 1);
+    if (!first) {
+      LocalFixupSlots<kCount>* s = cl.map_shared_rank(slots, fb) + base + (cw - f - 1);
+#pragma unroll
+      for (int i = 0; i < kCount; ++i) s->v[i * 32 + lane] = vals[i];
+    }
+    // Release and acquire: the stores above are visible to the first warps past the barrier.
+    cl.sync();
+    counted();
+    if (first) {
+#pragma unroll 4
+      for (int j = 0; j < k - 1; ++j) {
+#pragma unroll
+        for (int i = 0; i < kCount; ++i) vals[i] += slots[base + j].v[i * 32 + lane];
+      }
+    }
+    return first;
+  }
   if (!first) {
 #pragma unroll
     for (int i = 0; i < kCount; ++i) slots[wl].v[i * 32 + lane] = vals[i];
