@@ -248,6 +248,24 @@ Q4Act launch_q4_prepare(cudaStream_t st, const float* x, int64_t ldx, int64_t ro
 void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, const Q4Slots& sl,
                     int64_t slots, const GemvWorkspace& ws);
 
+// A MoE layer's expert MLPs for decode tokens in one launch (cuda_moe_mlp.cu): slot s of token
+// s / slots.per_token runs expert ids[...] (or, at slot k, the shared expert) from gate and up
+// to down on the token's prepared digits `x` (kDigits, hidden), writing its down row to out[s]
+// ([slots, hidden], as launch_q4_gemv's down projection writes them). slots.picks: the launch
+// makes the ids itself (Q4Picks). expert_mlp_takes: whether it takes these shapes and formats
+// (every matrix 4-bit, one group size of 64 or 128 and one scale type).
+constexpr int kExpertMlpMaxInter = 1024;
+struct ExpertMlpArgs {
+  DevMat gate, up, down;                       // routed experts (stacked)
+  DevMat shared_gate, shared_up, shared_down;  // slot k of each token when per_token > k
+  Q4Act x;
+  Q4Slots slots;
+  float* out = nullptr;
+};
+bool expert_mlp_takes(const DevMat& gate, const DevMat& up, const DevMat& down, int per_token,
+                      int64_t tokens);
+void launch_expert_mlp(cudaStream_t st, const ExpertMlpArgs& a, int slots);
+
 // Grouped MoE rows (prefill) on the wide F16-operand kernel: chunk c is chunks[4c .. 4c+3] =
 // {expert, first prepared row, rows (1..kQ4GemvMaxRows), unused} (16-byte aligned); each job's
 // matrix (stacked experts) runs that expert on those rows and writes rows first .. first+rows-1

@@ -13,14 +13,15 @@
 
 namespace tokenmill::cuda {
 
-// The digits of one 8-value word (v in nibble order 0,2,4,6,1,3,5,7) of activation row c, word
-// j of K/8: written as planes [row][digit][K/8] of 8 bytes per word, and per (row, group)
-// {2^-e, sum of the group's values} (NaN, NaN when the group holds a non-finite value). Called
-// by whole warps (shuffles); a group's G/8 words are aligned lanes of one warp; `live` false for
-// lanes past the row.
-__device__ __forceinline__ void q4d_store_word(const float (&v)[8], bool live, int64_t c, int64_t j,
-                                               int64_t K, int group, const Q4Act& act) {
-  const int64_t words = K / 8;
+// The digits of one 8-value word (v in nibble order 0,2,4,6,1,3,5,7): the four digit planes
+// 8 bytes (dw[digit]) and its group's {2^-e, sum of the group's values} (NaN, NaN when the group
+// holds a non-finite value). Called by whole warps (shuffles); a group's G/8 words are aligned
+// lanes of one warp.
+struct Q4dWord {
+  uint2 dw[4];
+  float2 sums;
+};
+__device__ __forceinline__ Q4dWord q4d_word(const float (&v)[8], int group) {
   float m = 0.0f;
   bool nan = false;
 #pragma unroll
@@ -56,15 +57,27 @@ __device__ __forceinline__ void q4d_store_word(const float (&v)[8], bool live, i
     dw[0][p >> 2] |= static_cast<uint32_t>(q & 0xff) << sh;
   }
   for (int o = 1; o < wpg; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float back = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+  Q4dWord w;
+#pragma unroll
+  for (int d = 0; d < 4; ++d) w.dw[d] = make_uint2(dw[d][0], dw[d][1]);
+  w.sums = finite ? make_float2(back, sum * back) : make_float2(NAN, NAN);
+  return w;
+}
+
+// q4d_word's digits of word j of K/8 of activation row c, stored as planes [row][digit][K/8] of
+// 8 bytes per word, and per (row, group) its sums. `live` false for lanes past the row (they
+// still take part in the shuffles).
+__device__ __forceinline__ void q4d_store_word(const float (&v)[8], bool live, int64_t c, int64_t j,
+                                               int64_t K, int group, const Q4Act& act) {
+  const Q4dWord w = q4d_word(v, group);
   if (!live) return;
+  const int64_t words = K / 8;
   uint2* planes = reinterpret_cast<uint2*>(act.x) + c * 4 * words;
 #pragma unroll
-  for (int d = 0; d < 4; ++d) planes[d * words + j] = make_uint2(dw[d][0], dw[d][1]);
-  if (j % wpg == 0) {
-    const float back = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
-    reinterpret_cast<float2*>(act.sums)[c * (K / group) + j / wpg] =
-        finite ? make_float2(back, sum * back) : make_float2(NAN, NAN);
-  }
+  for (int d = 0; d < 4; ++d) planes[d * words + j] = w.dw[d];
+  const int wpg = group / 8;
+  if (j % wpg == 0) reinterpret_cast<float2*>(act.sums)[c * (K / group) + j / wpg] = w.sums;
 }
 
 // Where tile t lives: slot (MoE) or activation columns, job, first row, and the matrix.

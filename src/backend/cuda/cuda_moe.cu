@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -183,6 +184,10 @@ void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* i
     }
   }
   const bool fits = q4 && piece > 0;
+  // Decode tokens in one piece: the fused expert MLP (TM_AB_NOFUSEDMLP: the slot kernels; an
+  // A/B switch while it is measured).
+  const bool fused_mlp = fits && piece >= n && n <= cuda::kQ4PickMaxTokens &&
+                         std::getenv("TM_AB_NOFUSEDMLP") == nullptr;
   fuse_shared = fuse_shared && fits;
   if (!fits || piece < n) make_picks();  // not in one piece
   if (fits) {
@@ -209,18 +214,30 @@ void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* i
           ready ? *prepared
                 : cuda::launch_q4_prepare(stream_, x + t0 * hidden, hidden, m, hidden, mg.group,
                                           cuda::Q4Operands::kDigits, gemv_ws_);
-      cuda::launch_q4_gemv(stream_, gu, ax, 1, gu_slots, slots, gemv_ws_);
-      cuda::GemvJobs dj;
-      dj.m[0] = md, dj.m[1] = sd;
-      dj.out[0] = dn;
-      dj.count = 1;
-      dj.shared_offset = fuse_shared ? 1 : 0;
-      const cuda::Q4Act aa = cuda::launch_q4_prepare(stream_, act, inter, slots, inter, md.group,
-                                                     cuda::Q4Operands::kDigits, gemv_ws_, upo);
-      // The ids came from the gate+up launch (Q4Picks) or before it, and the preparation runs
-      // in between: the down projection may read them, and its weights, before its wait.
-      cuda::launch_q4_gemv(stream_, dj, aa, 1, cuda::Q4Slots{pids, k, per_token, 1, true}, slots,
-                           gemv_ws_);
+      if (fused_mlp && (shared == nullptr || fuse_shared) &&
+          cuda::expert_mlp_takes(mg, mu, md, per_token, m)) {
+        // One launch for the slots' whole MLPs (cuda_moe_mlp.cu).
+        cuda::ExpertMlpArgs ea;
+        ea.gate = mg, ea.up = mu, ea.down = md;
+        if (fuse_shared) ea.shared_gate = sg, ea.shared_up = su, ea.shared_down = sd;
+        ea.x = ax;
+        ea.slots = gu_slots;
+        ea.out = dn;
+        cuda::launch_expert_mlp(stream_, ea, static_cast<int>(slots));
+      } else {
+        cuda::launch_q4_gemv(stream_, gu, ax, 1, gu_slots, slots, gemv_ws_);
+        cuda::GemvJobs dj;
+        dj.m[0] = md, dj.m[1] = sd;
+        dj.out[0] = dn;
+        dj.count = 1;
+        dj.shared_offset = fuse_shared ? 1 : 0;
+        const cuda::Q4Act aa = cuda::launch_q4_prepare(stream_, act, inter, slots, inter, md.group,
+                                                       cuda::Q4Operands::kDigits, gemv_ws_, upo);
+        // The ids came from the gate+up launch (Q4Picks) or before it, and the preparation runs
+        // in between: the down projection may read them, and its weights, before its wait.
+        cuda::launch_q4_gemv(stream_, dj, aa, 1, cuda::Q4Slots{pids, k, per_token, 1, true}, slots,
+                             gemv_ws_);
+      }
       // Decode rows in one piece with nothing added after: the combine may go to the next
       // block's norm (the rows stay in scratch until then).
       if (defer != nullptr && t0 == 0 && m == n && n <= cuda::kQ4DigitMaxRows &&

@@ -171,24 +171,31 @@ TEST_F(CudaMoe, LongBatchRunsSlotKernelsInPieces) {
 // leaves the picks, but the slot kernels do not take the experts: moe_experts makes them).
 TEST_F(CudaMoe, BlockMatchesCpu) {
   Rng rng(33);
-  const int64_t E = 64, hidden = 2560, inter = 64;
+  const int64_t E = 64, hidden = 2560;
   const int k = 4;
   std::vector<float> norm = rng.normals(static_cast<size_t>(hidden));
   for (float& v : norm) v = 1.0f + 0.2f * v;
-  struct ExpertBits {
+  // Expert bits (gate and up, down) and the intermediate size: 512 (the 35B-A3B's) takes the
+  // fused expert MLP for up to four tokens (cuda_moe_mlp.cu), 64 the slot kernels.
+  struct ExpertCase {
     int gate_up, down;
+    int64_t inter;
+    int group;
   };
   for (int router_bits : {0, 8}) {
-    for (const ExpertBits bits : {ExpertBits{4, 4}, ExpertBits{0, 0}, ExpertBits{4, 8}}) {
+    for (const ExpertCase bits : {ExpertCase{4, 4, 64, 32}, ExpertCase{0, 0, 64, 32},
+                                  ExpertCase{4, 8, 64, 32}, ExpertCase{4, 4, 512, 64}}) {
+      const int64_t inter = bits.inter;
+      const int group = bits.group;
       HostWeight router = make_experts(rng, router_bits, 1, E, hidden, 64),
                  sgate = make_experts(rng, router_bits, 1, 1, hidden, 64);
       router.w.experts = sgate.w.experts = 0;
-      HostWeight g = make_experts(rng, bits.gate_up, E, inter, hidden),
-                 u = make_experts(rng, bits.gate_up, E, inter, hidden),
-                 d = make_experts(rng, bits.down, E, hidden, inter);
-      HostWeight sg = make_experts(rng, bits.gate_up, 1, inter, hidden),
-                 su = make_experts(rng, bits.gate_up, 1, inter, hidden),
-                 sd = make_experts(rng, bits.down, 1, hidden, inter);
+      HostWeight g = make_experts(rng, bits.gate_up, E, inter, hidden, group),
+                 u = make_experts(rng, bits.gate_up, E, inter, hidden, group),
+                 d = make_experts(rng, bits.down, E, hidden, inter, group);
+      HostWeight sg = make_experts(rng, bits.gate_up, 1, inter, hidden, group),
+                 su = make_experts(rng, bits.gate_up, 1, inter, hidden, group),
+                 sd = make_experts(rng, bits.down, 1, hidden, inter, group);
       sg.w.experts = su.w.experts = sd.w.experts = 0;
       const Weight dr = gpu->upload_weight(router.w), dsgate = gpu->upload_weight(sgate.w),
                    dg = gpu->upload_weight(g.w), du = gpu->upload_weight(u.w),
@@ -214,8 +221,9 @@ TEST_F(CudaMoe, BlockMatchesCpu) {
         for (int64_t n : {1, 3, 4, 5}) {
           const std::string what = "moe_block router bits " + std::to_string(router_bits) +
                                    " expert bits " + std::to_string(bits.gate_up) + "/" +
-                                   std::to_string(bits.down) + " shared " + std::to_string(shared) +
-                                   " n=" + std::to_string(n);
+                                   std::to_string(bits.down) + " inter " + std::to_string(inter) +
+                                   " group " + std::to_string(group) + " shared " +
+                                   std::to_string(shared) + " n=" + std::to_string(n);
           std::vector<float> x = rng.normals(static_cast<size_t>(n * hidden));
           const std::vector<float> x0 = x;
           const std::vector<float> y = rng.normals(static_cast<size_t>(n * hidden));
