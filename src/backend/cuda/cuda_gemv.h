@@ -261,6 +261,7 @@ struct ExpertMlpArgs {
   Q4Act x;
   Q4Slots slots;
   float* out = nullptr;
+  int variant = 0;  // A/B while measured: 1 no L2 prefetch, 2 twice the groups per buffer
 };
 bool expert_mlp_takes(const DevMat& gate, const DevMat& up, const DevMat& down, int per_token,
                       int64_t tokens);

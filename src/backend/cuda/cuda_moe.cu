@@ -223,6 +223,7 @@ void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* i
         ea.x = ax;
         ea.slots = gu_slots;
         ea.out = dn;
+        if (const char* v = std::getenv("TM_AB_MLPVARIANT")) ea.variant = std::atoi(v);
         cuda::launch_expert_mlp(stream_, ea, static_cast<int>(slots));
       } else {
         cuda::launch_q4_gemv(stream_, gu, ax, 1, gu_slots, slots, gemv_ws_);

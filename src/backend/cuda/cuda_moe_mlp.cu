@@ -33,13 +33,14 @@ constexpr int kBlocks = 8;  // blocks a cluster (a slot)
 constexpr int kWarps = 16;  // warps a block
 constexpr int kThreads = 32 * kWarps;
 
-template <int G, int ST>
+// U: groups per buffer (the slot GEMV's: 2 at group 64, 1 at 128); kPrefetch: the block's
+// weights asked of L2 as soon as the slot's expert is known.
+template <int G, int ST, int U, bool kPrefetch>
 __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
     moe_expert_mlp_kernel(ExpertMlpArgs a) {
-  constexpr int U = G == 128 ? 1 : 2;                    // groups per buffer, as the slot GEMV
   __shared__ float gu[2][kExpertMlpMaxInter / kBlocks];  // this block's gate and up values
   __shared__ float h[kExpertMlpMaxInter];                // silu(gate) * up, the whole row
-  __shared__ uint2 hd[4][kExpertMlpMaxInter / 8];        // h's digit planes
+  __shared__ uint2 hd[4 * kExpertMlpMaxInter / 8];       // h's digit planes, inter / 8 words each
   __shared__ float2 hs[kExpertMlpMaxInter / 32];         // h's {2^-e, sum} per group
   __shared__ float part[kWarps][64];                     // split partial sums (2 a lane)
   cg::cluster_group cl = cg::this_cluster();
@@ -69,7 +70,7 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
   const int rows_b = inter / kBlocks, tiles_b = rows_b / 16;  // gate (and up) rows a block
   const int down_tiles_b = hidden / 16 / kBlocks;
   // This block's weights towards L2 now, so the loads below find most of them there.
-  if (warp == 0 && !bad) {
+  if (kPrefetch && warp == 0 && !bad) {
     const auto prefetch = [&](const DevMat& m, int tile0, int tiles, int lane_id) {
       const int64_t groups = m.cols / G;
       const int64_t data = groups * 256 * (G / 32), scales = groups * 32 * (ST == kF32 ? 4 : 2);
@@ -146,14 +147,14 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
     const Q4dWord dw = q4d_word(v, G);
     if (live) {
 #pragma unroll
-      for (int d = 0; d < 4; ++d) hd[d][wi] = dw.dw[d];
+      for (int d = 0; d < 4; ++d) hd[d * words + wi] = dw.dw[d];
       if (wi % (G / 8) == 0) hs[wi / (G / 8)] = dw.sums;
     }
   }
   __syncthreads();
   // The down projection: this block's tiles, a warp each.
   Q4Act hact;
-  hact.x = reinterpret_cast<__half*>(&hd[0][0]);
+  hact.x = reinterpret_cast<__half*>(hd);
   hact.sums = reinterpret_cast<float*>(&hs[0]);
   hact.group = G;
   const int dgroups = inter / G;
@@ -178,18 +179,31 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
   // No block leaves while others may still write into its h (they all passed cl.sync()).
 }
 
+template <int G, int ST>
+void launch_variant(cudaStream_t st, const ExpertMlpArgs& a, int slots) {
+  const dim3 grid(kBlocks, static_cast<unsigned>(slots));
+  constexpr int kU = G == 128 ? 1 : 2;
+  const int variant = a.variant;
+  if (variant == 1) {
+    launch_pdl(moe_expert_mlp_kernel<G, ST, kU, false>, grid, dim3(kThreads), 0, st, a);
+  } else if (variant == 2) {
+    launch_pdl(moe_expert_mlp_kernel<G, ST, 2 * kU, true>, grid, dim3(kThreads), 0, st, a);
+  } else {
+    launch_pdl(moe_expert_mlp_kernel<G, ST, kU, true>, grid, dim3(kThreads), 0, st, a);
+  }
+}
+
 template <int G>
 void launch_scale(cudaStream_t st, const ExpertMlpArgs& a, int slots) {
-  const dim3 grid(kBlocks, static_cast<unsigned>(slots));
   switch (a.gate.sdtype) {
     case kBF16:
-      launch_pdl(moe_expert_mlp_kernel<G, kBF16>, grid, dim3(kThreads), 0, st, a);
+      launch_variant<G, kBF16>(st, a, slots);
       break;
     case kF16:
-      launch_pdl(moe_expert_mlp_kernel<G, kF16>, grid, dim3(kThreads), 0, st, a);
+      launch_variant<G, kF16>(st, a, slots);
       break;
     default:
-      launch_pdl(moe_expert_mlp_kernel<G, kF32>, grid, dim3(kThreads), 0, st, a);
+      launch_variant<G, kF32>(st, a, slots);
   }
 }
 
