@@ -254,14 +254,16 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
 // ([slots, hidden], as launch_q4_gemv's down projection writes them). slots.picks: the launch
 // makes the ids itself (Q4Picks). expert_mlp_takes: whether it takes these shapes and formats
 // (every matrix 4-bit, one group size of 64 or 128 and one scale type).
-constexpr int kExpertMlpMaxInter = 1024;
+constexpr int kExpertMlpMaxInter = 512;
 struct ExpertMlpArgs {
   DevMat gate, up, down;                       // routed experts (stacked)
   DevMat shared_gate, shared_up, shared_down;  // slot k of each token when per_token > k
   Q4Act x;
   Q4Slots slots;
   float* out = nullptr;
-  int variant = 0;  // A/B while measured: 1 no L2 prefetch, 2 twice the groups per buffer
+  // A/B while measured: 0 staged in shared memory where it fits (else 3), streamed from global
+  // memory: 1 as is, 2 twice the groups per buffer, 3 with an L2 prefetch first.
+  int variant = 0;
 };
 bool expert_mlp_takes(const DevMat& gate, const DevMat& up, const DevMat& down, int per_token,
                       int64_t tokens);

@@ -33,27 +33,63 @@ constexpr int kBlocks = 8;  // blocks a cluster (a slot)
 constexpr int kWarps = 16;  // warps a block
 constexpr int kThreads = 32 * kWarps;
 
-// U: groups per buffer (the slot GEMV's: 2 at group 64, 1 at 128); kPrefetch: the block's
-// weights asked of L2 as soon as the slot's expert is known.
-template <int G, int ST, int U, bool kPrefetch>
+// The staged form's shared memory (bytes, 16-byte aligned parts): this block's gate tiles and
+// their scales, its up tiles and scales, its down tiles and scales, each part copied whole by the
+// copy engine as soon as the slot's expert is known.
+struct MlpStage {
+  uint32_t tile, tile_sc, dtile, dtile_sc;  // one gate (up) tile's data and scales; a down tile's
+  uint32_t gate, gate_sc, up, up_sc, down, down_sc, bytes;
+  __host__ __device__ MlpStage(int64_t inter, int64_t hidden, int group, int scale_bytes) {
+    const int64_t tiles_b = inter / kBlocks / 16, down_tiles_b = hidden / 16 / kBlocks;
+    tile = static_cast<uint32_t>(hidden / group * 8 * group);
+    tile_sc = static_cast<uint32_t>(hidden / group * 32 * scale_bytes);
+    dtile = static_cast<uint32_t>(inter / group * 8 * group);
+    dtile_sc = static_cast<uint32_t>(inter / group * 32 * scale_bytes);
+    gate = 0;
+    gate_sc = gate + static_cast<uint32_t>(tiles_b) * tile;
+    up = gate_sc + static_cast<uint32_t>(tiles_b) * tile_sc;
+    up_sc = up + static_cast<uint32_t>(tiles_b) * tile;
+    down = up_sc + static_cast<uint32_t>(tiles_b) * tile_sc;
+    down_sc = down + static_cast<uint32_t>(down_tiles_b) * dtile;
+    bytes = down_sc + static_cast<uint32_t>(down_tiles_b) * dtile_sc;
+  }
+};
+
+// U: groups per buffer (the slot GEMV's: 2 at group 64, 1 at 128). kStaged: the block's whole
+// share of the slot's weights is copied into shared memory at once (every byte in flight, then
+// the products read shared memory); else the products stream it from global memory, with
+// kPrefetch its bytes first asked of L2.
+template <int G, int ST, int U, bool kPrefetch, bool kStaged>
 __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
     moe_expert_mlp_kernel(ExpertMlpArgs a) {
+  constexpr int kSB = ST == kF32 ? 4 : 2;
+  extern __shared__ __align__(128) uint8_t stage[];
   __shared__ float gu[2][kExpertMlpMaxInter / kBlocks];  // this block's gate and up values
   __shared__ float h[kExpertMlpMaxInter];                // silu(gate) * up, the whole row
   __shared__ uint2 hd[4 * kExpertMlpMaxInter / 8];       // h's digit planes, inter / 8 words each
   __shared__ float2 hs[kExpertMlpMaxInter / 32];         // h's {2^-e, sum} per group
   __shared__ float part[kWarps][64];                     // split partial sums (2 a lane)
+  __shared__ uint64_t bars[2];                           // kStaged: gate and up, down
   cg::cluster_group cl = cg::this_cluster();
   const int rank = static_cast<int>(cl.block_rank());
   const int slot = static_cast<int>(blockIdx.y);
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, t = lane & 3;
+  const uint32_t bar_gu = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[0]));
+  const uint32_t bar_d = bar_gu + 8;
+  if (kStaged && threadIdx.x == 0) {
+    mbar_init(bar_gu, 1);
+    mbar_init(bar_d, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
   const Q4Slots& sl = a.slots;
   pdl_begin();
   const int32_t* ids = sl.ids;
   if (sl.picks.logits != nullptr) {
     ids = q4_make_picks(sl, static_cast<int64_t>(slot) * kBlocks + rank,
                         static_cast<int64_t>(gridDim.y) * kBlocks);
+  } else if (kStaged) {
+    __syncthreads();  // the mbarriers' initialization
   }
   // The slot's matrices.
   const int token = slot / sl.per_token, j = slot - token * sl.per_token;
@@ -69,11 +105,42 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
   const int inter = static_cast<int>(mg.rows), hidden = static_cast<int>(md.rows);
   const int rows_b = inter / kBlocks, tiles_b = rows_b / 16;  // gate (and up) rows a block
   const int down_tiles_b = hidden / 16 / kBlocks;
-  // This block's weights towards L2 now, so the loads below find most of them there.
-  if (kPrefetch && warp == 0 && !bad) {
-    const auto prefetch = [&](const DevMat& m, int tile0, int tiles, int lane_id) {
+  // Where the products read this block's weights: the matrices themselves (tile rank * tiles_b
+  // on), or their copies in shared memory (tile 0 on).
+  int64_t gate_tile0 = int64_t{rank} * tiles_b, down_tile0 = int64_t{rank} * down_tiles_b;
+  if constexpr (kStaged) {
+    const MlpStage L(inter, hidden, G, kSB);
+    if (threadIdx.x == 0) {
+      if (bad) {
+        mbar_arrive(bar_gu);
+        mbar_arrive(bar_d);
+      } else {
+        const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(stage));
+        // `tiles` tiles of `per` bytes from tile tile0 on.
+        const auto copy = [&](uint32_t dst, const uint8_t* src, int64_t tile0, int tiles,
+                              uint32_t per, uint32_t bar) {
+          bulk_copy_g2s(s0 + dst, src + tile0 * per, static_cast<uint32_t>(tiles) * per, bar);
+        };
+        mbar_expect(bar_gu, static_cast<uint32_t>(tiles_b) * 2 * (L.tile + L.tile_sc));
+        copy(L.gate, mg.data, gate_tile0, tiles_b, L.tile, bar_gu);
+        copy(L.gate_sc, mg.scales, gate_tile0, tiles_b, L.tile_sc, bar_gu);
+        copy(L.up, mu.data, gate_tile0, tiles_b, L.tile, bar_gu);
+        copy(L.up_sc, mu.scales, gate_tile0, tiles_b, L.tile_sc, bar_gu);
+        mbar_expect(bar_d, static_cast<uint32_t>(down_tiles_b) * (L.dtile + L.dtile_sc));
+        copy(L.down, md.data, down_tile0, down_tiles_b, L.dtile, bar_d);
+        copy(L.down_sc, md.scales, down_tile0, down_tiles_b, L.dtile_sc, bar_d);
+      }
+    }
+    mg.data = stage + L.gate, mg.scales = stage + L.gate_sc;
+    mu.data = stage + L.up, mu.scales = stage + L.up_sc;
+    md.data = stage + L.down, md.scales = stage + L.down_sc;
+    gate_tile0 = down_tile0 = 0;
+    mbar_wait(bar_gu, 0);
+  } else if (kPrefetch && warp == 0 && !bad) {
+    // This block's weights towards L2 now, so the loads below find most of them there.
+    const auto prefetch = [&](const DevMat& m, int64_t tile0, int tiles, int lane_id) {
       const int64_t groups = m.cols / G;
-      const int64_t data = groups * 256 * (G / 32), scales = groups * 32 * (ST == kF32 ? 4 : 2);
+      const int64_t data = groups * 8 * G, scales = groups * 32 * kSB;
       if (lane == lane_id) {
         L2PrefetchPart{reinterpret_cast<const char*>(m.data + tile0 * data),
                        static_cast<uint32_t>(tiles * data)}
@@ -84,25 +151,25 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
             .issue();
       }
     };
-    prefetch(mg, rank * tiles_b, tiles_b, 0);
-    prefetch(mu, rank * tiles_b, tiles_b, 2);
-    prefetch(md, rank * down_tiles_b, down_tiles_b, 4);
+    prefetch(mg, gate_tile0, tiles_b, 0);
+    prefetch(mu, gate_tile0, tiles_b, 2);
+    prefetch(md, down_tile0, down_tiles_b, 4);
   }
 
-  // Gate and up: 2 tiles_b tile jobs over the warps, kSplit warps a job, each a share of the
+  // Gate and up: 2 tiles_b tile jobs over the warps, `split` warps a job, each a share of the
   // groups; the first warp of a job adds the others' partials in order.
   const int jobs = 2 * tiles_b, split = kWarps / jobs;
   const int job = warp / split, piece = warp - job * split;
   {
     const bool up = job >= tiles_b;
-    const int tile = rank * tiles_b + (up ? job - tiles_b : job);
+    const int jt = up ? job - tiles_b : job;
     const int groups = static_cast<int>(mg.cols / G), per = groups / split;
     float tot[1][2];
     if (bad) {
       tot[0][0] = tot[0][1] = __int_as_float(0x7fc00000);
     } else {
-      const Q4Tile q{up ? mu : mg, nullptr, int64_t{tile} * 16, token, 1, false};
-      Q4DigitDot<G, 1, U, ST>(q, a.x, (piece + 1) * per).run(piece * per, tot);
+      const Q4Tile q{up ? mu : mg, nullptr, (gate_tile0 + jt) * 16, token, 1, false};
+      Q4DigitDot<G, 1, U, ST, false, kStaged>(q, a.x, (piece + 1) * per).run(piece * per, tot);
     }
     if (piece > 0) {
       part[warp][2 * lane] = tot[0][0];
@@ -120,7 +187,7 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
       for (int hh = 0; hh < 2; ++hh) {
         float v = tot[0][hh] * weight;
         v += __shfl_xor_sync(0xffffffffu, v, 1);
-        if (t == 0) gu[up ? 1 : 0][(up ? job - tiles_b : job) * 16 + g + 8 * hh] = v;
+        if (t == 0) gu[up ? 1 : 0][jt * 16 + g + 8 * hh] = v;
       }
     }
   }
@@ -152,28 +219,28 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();
+  if constexpr (kStaged) mbar_wait(bar_d, 0);
   // The down projection: this block's tiles, a warp each.
   Q4Act hact;
   hact.x = reinterpret_cast<__half*>(hd);
   hact.sums = reinterpret_cast<float*>(&hs[0]);
   hact.group = G;
   const int dgroups = inter / G;
-  float* out = a.out + static_cast<int64_t>(slot) * hidden;
+  float* out = a.out + static_cast<int64_t>(slot) * hidden + int64_t{rank} * down_tiles_b * 16;
   for (int dj = warp; dj < down_tiles_b; dj += kWarps) {
-    const int64_t r0 = (int64_t{rank} * down_tiles_b + dj) * 16;
     float tot[1][2];
     if (bad) {
       tot[0][0] = tot[0][1] = __int_as_float(0x7fc00000);
     } else {
-      const Q4Tile q{md, nullptr, r0, 0, 1, false};
-      Q4DigitDot<G, 1, U, ST, true>(q, hact, dgroups).run(0, tot);
+      const Q4Tile q{md, nullptr, (down_tile0 + dj) * 16, 0, 1, false};
+      Q4DigitDot<G, 1, U, ST, true, kStaged>(q, hact, dgroups).run(0, tot);
     }
     const float weight = (t & 1) ? 1.0f : 65536.0f;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       float v = tot[0][hh] * weight;
       v += __shfl_xor_sync(0xffffffffu, v, 1);
-      if (t == 0) out[r0 + g + 8 * hh] = v;
+      if (t == 0) out[dj * 16 + g + 8 * hh] = v;
     }
   }
   // No block leaves while others may still write into its h (they all passed cl.sync()).
@@ -183,13 +250,27 @@ template <int G, int ST>
 void launch_variant(cudaStream_t st, const ExpertMlpArgs& a, int slots) {
   const dim3 grid(kBlocks, static_cast<unsigned>(slots));
   constexpr int kU = G == 128 ? 1 : 2;
+  // The staged form where the block's share fits next to the kernel's static shared memory.
+  const MlpStage L(a.gate.rows, a.gate.cols, G, ST == kF32 ? 4 : 2);
+  const auto staged = moe_expert_mlp_kernel<G, ST, kU, false, true>;
+  cudaFuncAttributes attr{};
+  TM_CUDA(cudaFuncGetAttributes(&attr, staged));
+  int device = 0, optin = 0;
+  TM_CUDA(cudaGetDevice(&device));
+  TM_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const bool fits =
+      static_cast<size_t>(L.bytes) + attr.sharedSizeBytes <= static_cast<size_t>(optin);
   const int variant = a.variant;
-  if (variant == 1) {
-    launch_pdl(moe_expert_mlp_kernel<G, ST, kU, false>, grid, dim3(kThreads), 0, st, a);
+  if (variant == 0 && fits) {
+    TM_CUDA(cudaFuncSetAttribute(staged, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(L.bytes)));
+    launch_pdl(staged, grid, dim3(kThreads), L.bytes, st, a);
+  } else if (variant == 1) {
+    launch_pdl(moe_expert_mlp_kernel<G, ST, kU, false, false>, grid, dim3(kThreads), 0, st, a);
   } else if (variant == 2) {
-    launch_pdl(moe_expert_mlp_kernel<G, ST, 2 * kU, true>, grid, dim3(kThreads), 0, st, a);
+    launch_pdl(moe_expert_mlp_kernel<G, ST, 2 * kU, true, false>, grid, dim3(kThreads), 0, st, a);
   } else {
-    launch_pdl(moe_expert_mlp_kernel<G, ST, kU, true>, grid, dim3(kThreads), 0, st, a);
+    launch_pdl(moe_expert_mlp_kernel<G, ST, kU, true, false>, grid, dim3(kThreads), 0, st, a);
   }
 }
 

@@ -171,22 +171,25 @@ TEST_F(CudaMoe, LongBatchRunsSlotKernelsInPieces) {
 // leaves the picks, but the slot kernels do not take the experts: moe_experts makes them).
 TEST_F(CudaMoe, BlockMatchesCpu) {
   Rng rng(33);
-  const int64_t E = 64, hidden = 2560;
+  const int64_t E = 64;
   const int k = 4;
-  std::vector<float> norm = rng.normals(static_cast<size_t>(hidden));
-  for (float& v : norm) v = 1.0f + 0.2f * v;
-  // Expert bits (gate and up, down) and the intermediate size: 512 (the 35B-A3B's) takes the
-  // fused expert MLP for up to four tokens (cuda_moe_mlp.cu), 64 the slot kernels.
+  // Expert bits (gate and up, down), the intermediate size and the hidden size: 512 (the
+  // 35B-A3B's) takes the fused expert MLP for up to four tokens (cuda_moe_mlp.cu), staged in
+  // shared memory at hidden 1024 and streamed at 2560 (a block's share does not fit); 64 takes
+  // the slot kernels.
   struct ExpertCase {
     int gate_up, down;
-    int64_t inter;
+    int64_t inter, hidden;
     int group;
   };
   for (int router_bits : {0, 8}) {
-    for (const ExpertCase bits : {ExpertCase{4, 4, 64, 32}, ExpertCase{0, 0, 64, 32},
-                                  ExpertCase{4, 8, 64, 32}, ExpertCase{4, 4, 512, 64}}) {
-      const int64_t inter = bits.inter;
+    for (const ExpertCase bits : {ExpertCase{4, 4, 64, 2560, 32}, ExpertCase{0, 0, 64, 2560, 32},
+                                  ExpertCase{4, 8, 64, 2560, 32}, ExpertCase{4, 4, 512, 2560, 64},
+                                  ExpertCase{4, 4, 512, 1024, 64}}) {
+      const int64_t inter = bits.inter, hidden = bits.hidden;
       const int group = bits.group;
+      std::vector<float> norm = rng.normals(static_cast<size_t>(hidden));
+      for (float& v : norm) v = 1.0f + 0.2f * v;
       HostWeight router = make_experts(rng, router_bits, 1, E, hidden, 64),
                  sgate = make_experts(rng, router_bits, 1, 1, hidden, 64);
       router.w.experts = sgate.w.experts = 0;
