@@ -255,6 +255,7 @@ void launch_q4_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n, con
 // makes the ids itself (Q4Picks). expert_mlp_takes: whether it takes these shapes and formats
 // (every matrix 4-bit, one group size of 64 or 128 and one scale type).
 constexpr int kExpertMlpMaxInter = 512;
+constexpr int kExpertMlpBlocks = 8;  // blocks a slot (a cluster)
 struct ExpertMlpArgs {
   DevMat gate, up, down;                       // routed experts (stacked)
   DevMat shared_gate, shared_up, shared_down;  // slot k of each token when per_token > k

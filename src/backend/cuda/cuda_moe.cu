@@ -184,9 +184,11 @@ void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* i
     }
   }
   const bool fits = q4 && piece > 0;
-  // Decode tokens in one piece: the fused expert MLP (TM_AB_NOFUSEDMLP: the slot kernels; an
-  // A/B switch while it is measured).
+  // Decode tokens in one piece whose slots' clusters fit one wave (on the 35B-A3B one token's
+  // nine): the fused expert MLP (TM_AB_NOFUSEDMLP: the slot kernels; an A/B switch while it is
+  // measured).
   const bool fused_mlp = fits && piece >= n && n <= cuda::kQ4PickMaxTokens &&
+                         n * per_token * cuda::kExpertMlpBlocks <= gemv_ws_.sm_count &&
                          std::getenv("TM_AB_NOFUSEDMLP") == nullptr;
   fuse_shared = fuse_shared && fits;
   if (!fits || piece < n) make_picks();  // not in one piece

@@ -29,7 +29,7 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kBlocks = 8;  // blocks a cluster (a slot)
+constexpr int kBlocks = kExpertMlpBlocks;
 constexpr int kWarps = 16;  // warps a block
 constexpr int kThreads = 32 * kWarps;
 
