@@ -59,7 +59,9 @@ struct MlpStage {
 // share of the slot's weights is copied into shared memory at once (every byte in flight, then
 // the products read shared memory); else the products stream it from global memory, with
 // kPrefetch its bytes first asked of L2.
-template <int G, int ST, int U, bool kPrefetch, bool kStaged>
+// kCopy (kStaged): 0 one bulk copy a part by one thread; 1 bulk copies of at most 16 KB spread
+// over warp 0's lanes; 2 cp.async of 16 bytes by every thread (A/B while measured).
+template <int G, int ST, int U, bool kPrefetch, bool kStaged, int kCopy = 0>
 __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
     moe_expert_mlp_kernel(ExpertMlpArgs a) {
   constexpr int kSB = ST == kF32 ? 4 : 2;
@@ -110,32 +112,72 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
   int64_t gate_tile0 = int64_t{rank} * tiles_b, down_tile0 = int64_t{rank} * down_tiles_b;
   if constexpr (kStaged) {
     const MlpStage L(inter, hidden, G, kSB);
-    if (threadIdx.x == 0) {
-      if (bad) {
-        mbar_arrive(bar_gu);
-        mbar_arrive(bar_d);
+    const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(stage));
+    // The six parts: {shared offset, source, bytes}; the first four (gate and up) complete
+    // bar_gu, the last two (down) bar_d.
+    struct Part {
+      uint32_t dst;
+      const uint8_t* src;
+      uint32_t bytes;
+    };
+    const uint32_t gbytes = static_cast<uint32_t>(tiles_b) * L.tile,
+                   gsbytes = static_cast<uint32_t>(tiles_b) * L.tile_sc,
+                   dbytes = static_cast<uint32_t>(down_tiles_b) * L.dtile,
+                   dsbytes = static_cast<uint32_t>(down_tiles_b) * L.dtile_sc;
+    const Part parts[6] = {{L.gate, mg.data + gate_tile0 * L.tile, gbytes},
+                           {L.gate_sc, mg.scales + gate_tile0 * L.tile_sc, gsbytes},
+                           {L.up, mu.data + gate_tile0 * L.tile, gbytes},
+                           {L.up_sc, mu.scales + gate_tile0 * L.tile_sc, gsbytes},
+                           {L.down, md.data + down_tile0 * L.dtile, dbytes},
+                           {L.down_sc, md.scales + down_tile0 * L.dtile_sc, dsbytes}};
+    if constexpr (kCopy == 2) {
+      if (!bad) {
+#pragma unroll
+        for (int pi = 0; pi < 6; ++pi) {
+          for (uint32_t i = threadIdx.x; i < parts[pi].bytes / 16; i += kThreads) {
+            cp_async16(s0 + parts[pi].dst + 16 * i, parts[pi].src + 16 * i);
+          }
+          if (pi == 3 || pi == 5) cp_async_commit();
+        }
       } else {
-        const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(stage));
-        // `tiles` tiles of `per` bytes from tile tile0 on.
-        const auto copy = [&](uint32_t dst, const uint8_t* src, int64_t tile0, int tiles,
-                              uint32_t per, uint32_t bar) {
-          bulk_copy_g2s(s0 + dst, src + tile0 * per, static_cast<uint32_t>(tiles) * per, bar);
-        };
-        mbar_expect(bar_gu, static_cast<uint32_t>(tiles_b) * 2 * (L.tile + L.tile_sc));
-        copy(L.gate, mg.data, gate_tile0, tiles_b, L.tile, bar_gu);
-        copy(L.gate_sc, mg.scales, gate_tile0, tiles_b, L.tile_sc, bar_gu);
-        copy(L.up, mu.data, gate_tile0, tiles_b, L.tile, bar_gu);
-        copy(L.up_sc, mu.scales, gate_tile0, tiles_b, L.tile_sc, bar_gu);
-        mbar_expect(bar_d, static_cast<uint32_t>(down_tiles_b) * (L.dtile + L.dtile_sc));
-        copy(L.down, md.data, down_tile0, down_tiles_b, L.dtile, bar_d);
-        copy(L.down_sc, md.scales, down_tile0, down_tiles_b, L.dtile_sc, bar_d);
+        cp_async_commit();
+        cp_async_commit();
+      }
+    } else if (warp == 0) {
+      if (lane == 0) {
+        if (bad) {
+          mbar_arrive(bar_gu);
+          mbar_arrive(bar_d);
+        } else {
+          mbar_expect(bar_gu, 2 * (gbytes + gsbytes));
+          mbar_expect(bar_d, dbytes + dsbytes);
+        }
+      }
+      __syncwarp();
+      if (!bad) {
+        constexpr uint32_t kPiece = kCopy == 1 ? 16384 : 0xffffffffu;
+        int n = 0;  // pieces so far, dealt round the lanes
+        for (int pi = 0; pi < 6; ++pi) {
+          const uint32_t bar = pi < 4 ? bar_gu : bar_d;
+          for (uint32_t off = 0; off < parts[pi].bytes; off += kPiece, ++n) {
+            if (n % 32 == lane) {
+              bulk_copy_g2s(s0 + parts[pi].dst + off, parts[pi].src + off,
+                            min(kPiece, parts[pi].bytes - off), bar);
+            }
+          }
+        }
       }
     }
     mg.data = stage + L.gate, mg.scales = stage + L.gate_sc;
     mu.data = stage + L.up, mu.scales = stage + L.up_sc;
     md.data = stage + L.down, md.scales = stage + L.down_sc;
     gate_tile0 = down_tile0 = 0;
-    mbar_wait(bar_gu, 0);
+    if constexpr (kCopy == 2) {
+      cp_async_wait<1>();
+      __syncthreads();
+    } else {
+      mbar_wait(bar_gu, 0);
+    }
   } else if (kPrefetch && warp == 0 && !bad) {
     // This block's weights towards L2 now, so the loads below find most of them there.
     const auto prefetch = [&](const DevMat& m, int64_t tile0, int tiles, int lane_id) {
@@ -219,7 +261,14 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();
-  if constexpr (kStaged) mbar_wait(bar_d, 0);
+  if constexpr (kStaged) {
+    if constexpr (kCopy == 2) {
+      cp_async_wait<0>();
+      __syncthreads();
+    } else {
+      mbar_wait(bar_d, 0);
+    }
+  }
   // The down projection: this block's tiles, a warp each.
   Q4Act hact;
   hact.x = reinterpret_cast<__half*>(hd);
@@ -252,7 +301,10 @@ void launch_variant(cudaStream_t st, const ExpertMlpArgs& a, int slots) {
   constexpr int kU = G == 128 ? 1 : 2;
   // The staged form where the block's share fits next to the kernel's static shared memory.
   const MlpStage L(a.gate.rows, a.gate.cols, G, ST == kF32 ? 4 : 2);
-  const auto staged = moe_expert_mlp_kernel<G, ST, kU, false, true>;
+  const int variant = a.variant;
+  const auto staged = variant == 4   ? moe_expert_mlp_kernel<G, ST, kU, false, true, 1>
+                      : variant == 5 ? moe_expert_mlp_kernel<G, ST, kU, false, true, 2>
+                                     : moe_expert_mlp_kernel<G, ST, kU, false, true, 0>;
   cudaFuncAttributes attr{};
   TM_CUDA(cudaFuncGetAttributes(&attr, staged));
   int device = 0, optin = 0;
@@ -260,8 +312,7 @@ void launch_variant(cudaStream_t st, const ExpertMlpArgs& a, int slots) {
   TM_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   const bool fits =
       static_cast<size_t>(L.bytes) + attr.sharedSizeBytes <= static_cast<size_t>(optin);
-  const int variant = a.variant;
-  if (variant == 0 && fits) {
+  if ((variant == 0 || variant == 4 || variant == 5) && fits) {
     TM_CUDA(cudaFuncSetAttribute(staged, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(L.bytes)));
     launch_pdl(staged, grid, dim3(kThreads), L.bytes, st, a);
