@@ -262,9 +262,6 @@ struct ExpertMlpArgs {
   Q4Act x;
   Q4Slots slots;
   float* out = nullptr;
-  // A/B while measured: 0 staged in shared memory where it fits (else 3), streamed from global
-  // memory: 1 as is, 2 twice the groups per buffer, 3 with an L2 prefetch first.
-  int variant = 0;
 };
 bool expert_mlp_takes(const DevMat& gate, const DevMat& up, const DevMat& down, int per_token,
                       int64_t tokens);

@@ -175,8 +175,7 @@ __device__ __forceinline__ void q4_scales(const Q4ScaleVec<ST>& v, float (&sc)[2
 // t = lane%4) gets words [t*W, t*W+W) of rows g and g+8 of each group (one 8W-byte load) and
 // its rows' scales and biases (one 8- or 16-byte load). Offsets inside a tile are 32-bit; the
 // tile's base pointers are computed once.
-// kShared: the tile's bytes are in shared memory (m.data and m.scales point there; plain loads).
-template <int G, int U, int ST, bool kShared = false>
+template <int G, int U, int ST>
 struct Q4TileStream {
   static constexpr int W = G / 32;
   static constexpr int kSB = ST == kF32 ? 4 : 2;  // bytes per scale
@@ -197,16 +196,6 @@ struct Q4TileStream {
     ps = m.scales + (first_block * 8 + g) * 4 * kSB;
   }
 
-  // Weights stream past the caches from global memory (read once); from shared memory as is.
-  template <class T>
-  __device__ __forceinline__ static T ld(const T* p) {
-    if constexpr (kShared) {
-      return *p;
-    } else {
-      return __ldcs(p);
-    }
-  }
-
   __device__ __forceinline__ void load(Buf& b, int base) const {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -214,17 +203,17 @@ struct Q4TileStream {
       if (grp < k1) {
         const uint8_t* p = pw + static_cast<uint32_t>(grp) * kBlockBytes;
         if constexpr (W == 1) {
-          const uint2 v = ld(reinterpret_cast<const uint2*>(p));
+          const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
           b.w[u][0] = v.x, b.w[u][1] = v.y;
         } else {
 #pragma unroll
           for (int i = 0; i < W / 2; ++i) {
-            const uint4 v = ld(reinterpret_cast<const uint4*>(p) + i);
+            const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + i);
             b.w[u][4 * i] = v.x, b.w[u][4 * i + 1] = v.y, b.w[u][4 * i + 2] = v.z,
                        b.w[u][4 * i + 3] = v.w;
           }
         }
-        b.s[u] = ld(reinterpret_cast<const SVec*>(ps + static_cast<uint32_t>(grp) * 32 * kSB));
+        b.s[u] = __ldcs(reinterpret_cast<const SVec*>(ps + static_cast<uint32_t>(grp) * 32 * kSB));
       }
     }
   }

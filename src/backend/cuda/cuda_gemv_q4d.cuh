@@ -25,9 +25,9 @@ __device__ __forceinline__ void imma(int (&d)[4], uint32_t a0, uint32_t a1, uint
 // lane feeds one mma with its even nibbles at k = 4t..4t+3 and its odd ones at k = 16+4t.. (the
 // digit planes hold the activations in that order). The lane's B column g is digit g&3 of row
 // g>>2 of the column block.
-template <int G, int CB, int U, int ST, bool kSharedX = false, bool kSharedW = false>
+template <int G, int CB, int U, int ST, bool kSharedX = false>
 struct Q4DigitDot {
-  using Stream = Q4TileStream<G, U, ST, kSharedW>;
+  using Stream = Q4TileStream<G, U, ST>;
   using Buf = typename Stream::Buf;
   static constexpr int W = Stream::W;
   Stream ws;
@@ -56,8 +56,7 @@ struct Q4DigitDot {
     }
   }
 
-  // kSharedX: the activations are in shared memory (generic loads), else read-only global;
-  // kSharedW: the weights too (Q4TileStream).
+  // kSharedX: the activations are in shared memory (generic loads), else read-only global.
   template <class T>
   __device__ __forceinline__ static T load_act(const T* p) {
     if constexpr (kSharedX) {

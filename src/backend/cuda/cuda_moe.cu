@@ -22,7 +22,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -185,11 +184,9 @@ void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* i
   }
   const bool fits = q4 && piece > 0;
   // Decode tokens in one piece whose slots' clusters fit one wave (on the 35B-A3B one token's
-  // nine): the fused expert MLP (TM_AB_NOFUSEDMLP: the slot kernels; an A/B switch while it is
-  // measured).
+  // nine): the fused expert MLP.
   const bool fused_mlp = fits && piece >= n && n <= cuda::kQ4PickMaxTokens &&
-                         n * per_token * cuda::kExpertMlpBlocks <= gemv_ws_.sm_count &&
-                         std::getenv("TM_AB_NOFUSEDMLP") == nullptr;
+                         n * per_token * cuda::kExpertMlpBlocks <= gemv_ws_.sm_count;
   fuse_shared = fuse_shared && fits;
   if (!fits || piece < n) make_picks();  // not in one piece
   if (fits) {
@@ -225,7 +222,6 @@ void CudaBackend::moe_experts(const float* x, int64_t n, int k, const int32_t* i
         ea.x = ax;
         ea.slots = gu_slots;
         ea.out = dn;
-        if (const char* v = std::getenv("TM_AB_MLPVARIANT")) ea.variant = std::atoi(v);
         cuda::launch_expert_mlp(stream_, ea, static_cast<int>(slots));
       } else {
         cuda::launch_q4_gemv(stream_, gu, ax, 1, gu_slots, slots, gemv_ws_);

@@ -174,9 +174,8 @@ TEST_F(CudaMoe, BlockMatchesCpu) {
   const int64_t E = 64;
   const int k = 4;
   // Expert bits (gate and up, down), the intermediate size and the hidden size: 512 (the
-  // 35B-A3B's) takes the fused expert MLP at one token (cuda_moe_mlp.cu), staged in
-  // shared memory at hidden 1024 and streamed at 2560 (a block's share does not fit); 64 takes
-  // the slot kernels.
+  // 35B-A3B's) takes the fused expert MLP at one token (cuda_moe_mlp.cu), at hidden 2560 (more
+  // down tiles than warps) and 1024 (fewer), groups of 64; 64 takes the slot kernels.
   struct ExpertCase {
     int gate_up, down;
     int64_t inter, hidden;
