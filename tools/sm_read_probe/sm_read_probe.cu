@@ -140,10 +140,10 @@ struct Probe {
     }
     const double us = median(ms) * 1e3;
     const double total = static_cast<double>(per_block) * blocks;
-    std::printf("  %-5s depth %2d, %3d blocks, %7.0f KB each: %8.2f us, %6.1f GB/s a block, "
-                "%6.2f TB/s in all\n",
-                form, depth, blocks, per_block / 1024.0, us, per_block / us * 1e-3,
-                total / us * 1e-6);
+    std::printf(
+        "  %-5s depth %2d, %3d blocks, %7.0f KB each: %8.2f us, %6.1f GB/s a block, "
+        "%6.2f TB/s in all\n",
+        form, depth, blocks, per_block / 1024.0, us, per_block / us * 1e-3, total / us * 1e-6);
   }
 
   void bulk(int depth, int blocks, uint64_t per_block) {
