@@ -2,18 +2,20 @@
 // slot's work inside one cluster uses only some of the multiprocessors (the 35B-A3B's nine slots
 // in clusters of eight: 72 of 132), so its speed is bounded by what those multiprocessors can
 // pull from device memory, not by the chip's bandwidth. This probe measures that bound for cold
-// data (each run reads a region of a 2 GiB buffer no earlier run of the same form touched
-// recently, far more than L2 holds):
+// data (each run reads the next region of a buffer of `window` MB, 2,048 unless given: any
+// window larger than L2 keeps the reads cold; a smaller one than the TLB's reach keeps its
+// pages' translations warm):
 //  - bulk: one thread a block keeps `depth` cp.async.bulk copies of 16 KB in flight into a ring
 //    in shared memory (the copy engine; no register traffic);
 //  - loads: 512 threads a block, each with `depth` independent 16-byte non-caching loads in
 //    flight (the streamed GEMV's form).
 // Two shapes of work per block: a burst (216 KB, the 35B-A3B fused expert MLP's share of one
 // block; everything issued at once where depth allows) and a stream (8 MB, the steady rate).
-// The time is from the kernel's launch to its end (CUDA events, median of 15 runs), so a burst
-// includes one launch's fixed cost (about 2-3 us).
+// The time is from the kernel's launch to its end (CUDA events, median of 15 runs); an empty
+// kernel of the same shape, timed the same way, gives the fixed part (launch and timing), and
+// each row also shows its time beyond that.
 //
-// Usage: tm_sm_read_probe (no arguments).
+// Usage: tm_sm_read_probe [window_mb]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,7 +36,6 @@ void check(cudaError_t e, const char* what) {
 constexpr int kThreads = 512;
 constexpr uint32_t kChunk = 16384;  // bytes a bulk copy
 constexpr int kMaxDepth = 13;       // bulk ring stages (13 x 16 KB = 208 KB of shared memory)
-constexpr size_t kBuffer = size_t{2} << 30;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -105,6 +106,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (acc == 0x5a5aa5a5u) atomicAdd(sink, 1u);
 }
 
+// The fixed part: the same launch doing nothing.
+__global__ void __launch_bounds__(kThreads, 1) empty_kernel(unsigned* sink) {
+  if (threadIdx.x == 1024) atomicAdd(sink, 1u);  // never: keeps the kernel from being elided
+}
+
 float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -115,20 +121,22 @@ struct Probe {
   unsigned* sink = nullptr;
   cudaStream_t st = nullptr;
   cudaEvent_t e0 = nullptr, e1 = nullptr;
+  size_t window = 0;  // bytes of buf
   size_t cursor = 0;  // where the next run reads (advances so every run reads cold data)
+  double empty_us = 0.0;
 
   const uint8_t* fresh(size_t bytes) {
-    if (cursor + bytes > kBuffer) cursor = 0;
+    if (cursor + bytes > window) cursor = 0;
     const uint8_t* p = buf + cursor;
     cursor += (bytes + 4095) / 4096 * 4096;
     return p;
   }
 
   template <class F>
-  void run(const char* form, int depth, int blocks, uint64_t per_block, const F& launch) {
+  double time_us(uint64_t bytes, const F& launch) {
     std::vector<float> ms;
     for (int r = 0; r < 16; ++r) {
-      const uint8_t* src = fresh(per_block * blocks);
+      const uint8_t* src = fresh(bytes);
       check(cudaEventRecord(e0, st), "cudaEventRecord");
       launch(src);
       check(cudaGetLastError(), "launch");
@@ -138,12 +146,27 @@ struct Probe {
       check(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
       if (r > 0) ms.push_back(t);  // the first run warms the launch path
     }
-    const double us = median(ms) * 1e3;
+    return median(ms) * 1e3;
+  }
+
+  template <class F>
+  void run(const char* form, int depth, int blocks, uint64_t per_block, const F& launch) {
+    const double us = time_us(per_block * blocks, launch);
     const double total = static_cast<double>(per_block) * blocks;
     std::printf(
-        "  %-5s depth %2d, %3d blocks, %7.0f KB each: %8.2f us, %6.1f GB/s a block, "
-        "%6.2f TB/s in all\n",
-        form, depth, blocks, per_block / 1024.0, us, per_block / us * 1e-3, total / us * 1e-6);
+        "  %-5s depth %2d, %3d blocks, %7.0f KB each: %8.2f us (%7.2f beyond empty), %6.1f "
+        "GB/s a block, %6.2f TB/s in all\n",
+        form, depth, blocks, per_block / 1024.0, us, us - empty_us, per_block / us * 1e-3,
+        total / us * 1e-6);
+  }
+
+  void empty(int blocks) {
+    const int smem = 120 * 1024;
+    check(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+          "cudaFuncSetAttribute");
+    empty_us =
+        time_us(0, [&](const uint8_t*) { empty_kernel<<<blocks, kThreads, smem, st>>>(sink); });
+    std::printf("  empty kernel, %3d blocks: %8.2f us\n", blocks, empty_us);
   }
 
   void bulk(int depth, int blocks, uint64_t per_block) {
@@ -170,21 +193,37 @@ struct Probe {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   int sms = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "device query");
   Probe p;
-  check(cudaMalloc(&p.buf, kBuffer), "cudaMalloc");
-  check(cudaMemset(p.buf, 1, kBuffer), "cudaMemset");
+  const long long window_mb = argc > 1 ? std::atoll(argv[1]) : 2048;
+  if (window_mb < 64 || window_mb > 65536) {
+    std::fprintf(stderr,
+                 "sm_read_probe: window_mb must be 64-65536 (MB of buffer to read), got %s\n",
+                 argv[1]);
+    return 2;
+  }
+  p.window = static_cast<size_t>(window_mb) << 20;
+  check(cudaMalloc(&p.buf, p.window), "cudaMalloc");
+  check(cudaMemset(p.buf, 1, p.window), "cudaMemset");
   check(cudaMalloc(&p.sink, sizeof(unsigned)), "cudaMalloc");
   check(cudaStreamCreateWithFlags(&p.st, cudaStreamNonBlocking), "cudaStreamCreate");
   check(cudaEventCreate(&p.e0), "cudaEventCreate");
   check(cudaEventCreate(&p.e1), "cudaEventCreate");
-  std::printf("%d multiprocessors; cold reads, one block of %d threads a multiprocessor\n", sms,
-              kThreads);
+  std::printf(
+      "%d multiprocessors; reads over a %lld MB window, one block of %d threads a "
+      "multiprocessor\n",
+      sms, window_mb, kThreads);
   const uint64_t burst = 216 * 1024, stream = 8 << 20;
   for (const int blocks : {8, 72, sms}) {
+    p.empty(blocks);
     for (const uint64_t per : {burst, stream}) {
+      if (per * blocks > p.window) {
+        std::printf("  %3d blocks of %.0f KB do not fit the window: not run\n", blocks,
+                    per / 1024.0);
+        continue;
+      }
       for (const int depth : {2, 4, 8, 13}) p.bulk(depth, blocks, per);
       p.loads<1>(blocks, per);
       p.loads<2>(blocks, per);
