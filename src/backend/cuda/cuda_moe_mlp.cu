@@ -11,10 +11,10 @@
 // projection's input preparation, the down projection), each spread over the whole chip with
 // stream-K fixups, so a layer's 15.6 MB (35B-A3B) took about 16.5 us on an H100 where its bytes
 // take 4.7. Here a slot's dependencies stay inside its cluster. Measured (H200, 35B-A3B q4g64,
-// batch 1): 14.2 us a layer against the slot form's 14.9, +1.1% a token. It is bound by the
-// bytes each multiprocessor keeps in flight (16 warps, two buffers of two groups each: about
-// 32 KB) on the 72 of 132 multiprocessors the nine slots' clusters take; PERFORMANCE.md (S47)
-// has the forms tried that copy a block's whole share into shared memory first.
+// batch 1): 14.2 us a layer against the slot form's 14.9, +1.1% a token. Its time is two
+// dependent cold bursts (gate and up, then down) on 72 of 132 multiprocessors, which deeper
+// loads do not shorten: PERFORMANCE.md (S47) has the forms tried (the block's whole share
+// copied into shared memory first, L2 prefetches) and the read probe behind that.
 //
 // Arithmetic: the digit GEMV's (Q4DigitDot: 8-bit digits, integer mma, F32 per group); a tile's
 // groups are split between `split` warps whose partial sums are added in warp order, so the
