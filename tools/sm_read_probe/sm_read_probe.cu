@@ -24,14 +24,9 @@
 #include <cstdlib>
 #include <vector>
 
-namespace {
+#include "../cuda_probe.h"
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "sm_read_probe: %s failed: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+namespace {
 
 constexpr int kThreads = 512;
 constexpr uint32_t kChunk = 16384;  // bytes a bulk copy

@@ -21,14 +21,9 @@
 #include <cstdlib>
 #include <vector>
 
-namespace {
+#include "../cuda_probe.h"
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "step_boundary_probe: %s failed: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+namespace {
 
 constexpr int kThreads = 128;
 constexpr int kLinks = 200;      // launches per chain

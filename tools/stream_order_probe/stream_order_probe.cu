@@ -14,14 +14,9 @@
 #include <cstdlib>
 #include <vector>
 
-namespace {
+#include "../cuda_probe.h"
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "stream_order_probe: %s failed: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+namespace {
 
 enum class Order {
   kPerWarp,        // warp w's steps contiguous; scales in a second stretch
