@@ -642,19 +642,20 @@ void check_attention(const KVLayerView& kv, int heads, bool kv_dtype_ok) {
 // first pass into attn_ws_ and returns its split count, or 0 where it does not take the shape
 // (no workspace for it).
 int CudaBackend::attention_split(const KVLayerView& kv, const KVPaging& paging,
-                                 const SeqLayout& seqs, const float* q, int heads, float scale) {
+                                 const SeqLayout& seqs, const float* q, int heads, float scale,
+                                 const cuda::L2Spans* next) {
   const int r = heads / kv.kv_heads;
   const int capacity = paging.max_blocks_per_seq * kv.block_size;
   const size_t need = attention_workspace_floats(seqs.n_tokens, heads, kv.head_dim, capacity);
   if (need == 0 || need > attn_ws_floats_ || attn_ws_ == nullptr || r > cuda::kMaxGroup) return 0;
   const int positions = cuda::split_positions(capacity, seqs.n_tokens);
   const cuda::SplitArgs a{
-      kv,        paging,  seqs, q, heads, scale, cuda::split_count(capacity, positions),
-      positions, attn_ws_};
+      kv,        paging,   seqs, q, heads, scale, cuda::split_count(capacity, positions),
+      positions, attn_ws_, {}};
   // BF16 caches on sm_90: the tensor-core first pass, with its own split count.
   int splits = gemv_ws_.wgmma
                    ? cuda::launch_attention_split_tc(stream_, kv, paging, seqs, q, heads, scale,
-                                                     a.splits, attn_ws_, gemv_ws_.sm_count)
+                                                     a.splits, attn_ws_, gemv_ws_.sm_count, next)
                    : 0;
   if (splits == 0) {
     const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(kv.kv_heads),
@@ -719,7 +720,8 @@ void CudaBackend::attention_out(const KVLayerView& kv, const KVPaging& paging,
     check_attention(kv, heads, supports_kv_dtype(kv.dtype));
     const cuda::DevMat m = cuda::make_devmat(w, 0);
     if (q4_digit_gemv_takes(m, n, K, kv.head_dim)) {
-      if (const int splits = attention_split(kv, paging, seqs, q, heads, scale)) {
+      const cuda::L2Spans next = cuda::l2_spans_of(m);
+      if (const int splits = attention_split(kv, paging, seqs, q, heads, scale, &next)) {
         const cuda::Q4Act act =
             cuda::q4_act_layout(n, K, m.group, cuda::Q4Operands::kDigits, gemv_ws_);
         cuda::launch_pdl(cuda::attention_combine_kernel<true>, static_cast<unsigned>(n * heads),

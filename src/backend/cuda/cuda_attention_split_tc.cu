@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_split_tc_kernel(Spli
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncwarp();
-  pdl_begin();
+  // The step's layout (positions, context lengths, block tables) was written before the kernel
+  // this launch depends on started, so it is read before the wait.
   const int R = a.heads / a.kv.kv_heads;
   const int s = seq_of(a.seqs.cu_seqlens, a.seqs.n_seqs, t);
   const int64_t pos = s < 0 ? -1 : a.seqs.positions[t];
@@ -93,6 +94,42 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_split_tc_kernel(Spli
   const int64_t end = begin + per < n ? begin + per : n;
   const int tiles = end > begin ? static_cast<int>((end - begin + kTile - 1) / kTile) : 0;
   const int mine = tiles > warp ? (tiles - warp + kWarps - 1) / kWarps : 0;
+
+  // Lane l's copy: the K (l < 16) or V row of position l % 16 of the warp's i-th tile, clamped
+  // to the split's last position (a real row: its score is masked, its P is 0, and no stale
+  // shared memory reaches the product). A missing block copies nothing and poisons the split.
+  const int64_t row = static_cast<int64_t>(a.kv.kv_heads) * D;
+  const auto* cache = static_cast<const uint16_t*>(lane < 16 ? a.kv.k : a.kv.v);
+  bool bad = false;
+  // The rows of earlier steps (below the sequence's first position in this step) are in the
+  // cache before the wait; this step's rows only after it (the attention front, the kernel
+  // before, writes them). pass 0: every row; 1: earlier steps' rows; 2: this step's rows.
+  const int64_t fresh = s < 0 ? 0 : a.seqs.positions[a.seqs.cu_seqlens[s]];
+  auto issue = [&](int i, int stage, int pass) {
+    int64_t p = begin + static_cast<int64_t>(warp + kWarps * i) * kTile + (lane & 15);
+    if (p >= end) p = end - 1;
+    if ((pass == 1 && p >= fresh) || (pass == 2 && p < fresh)) return;
+    const int64_t cp = cache_pos(a.pg.block_tables, a.pg.max_blocks_per_seq, a.kv.block_size, s, p);
+    const uint32_t bar = bars + 8 * stage;
+    if (cp < 0) {
+      bad = true;
+      mbar_arrive(bar);
+      return;
+    }
+    const uint32_t dst =
+        ring + stage * L::kStageBytes + (lane >> 4) * L::kHalfBytes + (lane & 15) * L::kRowBytes;
+    mbar_expect(bar, D * 2);
+    bulk_copy_g2s(dst, cache + cp * row + static_cast<int64_t>(kvh) * D, D * 2, bar);
+  };
+  for (int i = 0; i < kStages && i < mine; ++i) issue(i, i, 1);
+  pdl_begin();
+  for (int i = 0; i < kStages && i < mine; ++i) issue(i, i, 2);
+  // The output projection after this pass is started towards L2 while the DRAM is otherwise
+  // idle (the pass is latency-bound on its copies).
+  if (warp == 0 && a.next.count > 0) {
+    l2_prefetch_spans(a.next, (int64_t{t} * gridDim.y + kvh) * gridDim.x + sp,
+                      int64_t{gridDim.x} * gridDim.y * gridDim.z);
+  }
 
   // Q's A fragments: row g the high part of head g, row g + 8 its low part, at dims 16 k +
   // 2 q4 + {0, 1} (registers 0, 1) and + 8 (registers 2, 3); zero for heads >= R.
@@ -110,29 +147,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_split_tc_kernel(Spli
       }
     }
   }
-
-  // Lane l's copy: the K (l < 16) or V row of position l % 16 of the warp's i-th tile, clamped
-  // to the split's last position (a real row: its score is masked, its P is 0, and no stale
-  // shared memory reaches the product). A missing block copies nothing and poisons the split.
-  const int64_t row = static_cast<int64_t>(a.kv.kv_heads) * D;
-  const auto* cache = static_cast<const uint16_t*>(lane < 16 ? a.kv.k : a.kv.v);
-  bool bad = false;
-  auto issue = [&](int i, int stage) {
-    int64_t p = begin + static_cast<int64_t>(warp + kWarps * i) * kTile + (lane & 15);
-    if (p >= end) p = end - 1;
-    const int64_t cp = cache_pos(a.pg.block_tables, a.pg.max_blocks_per_seq, a.kv.block_size, s, p);
-    const uint32_t bar = bars + 8 * stage;
-    if (cp < 0) {
-      bad = true;
-      mbar_arrive(bar);
-      return;
-    }
-    const uint32_t dst =
-        ring + stage * L::kStageBytes + (lane >> 4) * L::kHalfBytes + (lane & 15) * L::kRowBytes;
-    mbar_expect(bar, D * 2);
-    bulk_copy_g2s(dst, cache + cp * row + static_cast<int64_t>(kvh) * D, D * 2, bar);
-  };
-  for (int i = 0; i < kStages && i < mine; ++i) issue(i, i);
 
   // Online softmax of head g (quad-uniform m and the quad's partial l), and O^T's fragments:
   // o[j] = (dims 16 j + g, heads 2 q4 + {0, 1}) in [0], [1] and dims + 8 in [2], [3].
@@ -209,7 +223,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_split_tc_kernel(Spli
       o[j][3] = fmaf(o[j][3], fb, d[3]);
     }
     __syncwarp();  // every lane's reads of this stage are done before it is refilled
-    if (i + kStages < mine) issue(i + kStages, stage);
+    if (i + kStages < mine) issue(i + kStages, stage, 0);
     if (++stage == kStages) stage = 0, phase ^= 1u;
   }
   l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -244,7 +258,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_split_tc_kernel(Spli
 
 int launch_attention_split_tc(CUstream_st* st, const KVLayerView& kv, const KVPaging& pg,
                               const SeqLayout& seqs, const float* q, int heads, float scale,
-                              int max_splits, float* ws, int sm_count) {
+                              int max_splits, float* ws, int sm_count, const L2Spans* next) {
   const int R = kv.kv_heads > 0 ? heads / kv.kv_heads : 0;
   if (kv.dtype != DType::BF16 || R < 1 || R > kHeads ||
       (kv.head_dim != 128 && kv.head_dim != 256) || max_splits < 1 || seqs.n_tokens < 1 ||
@@ -256,7 +270,7 @@ int launch_attention_split_tc(CUstream_st* st, const KVLayerView& kv, const KVPa
   const int64_t others = int64_t{kv.kv_heads} * seqs.n_tokens;
   const int splits =
       static_cast<int>(std::clamp<int64_t>(sm_count / others, 1, int64_t{max_splits}));
-  const SplitArgs a{kv, pg, seqs, q, heads, scale, splits, 0, ws};
+  const SplitArgs a{kv, pg, seqs, q, heads, scale, splits, 0, ws, next ? *next : L2Spans{}};
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(kv.kv_heads),
                   static_cast<unsigned>(seqs.n_tokens));
   auto run = [&](auto kernel, size_t smem) {

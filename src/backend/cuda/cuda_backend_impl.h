@@ -70,7 +70,8 @@ bool launch_attention_prefill_wg(CUstream_st* st, const KVLayerView& kv, const K
 // nothing, for other shapes.
 int launch_attention_split_tc(CUstream_st* st, const KVLayerView& kv, const KVPaging& pg,
                               const SeqLayout& seqs, const float* q, int heads, float scale,
-                              int max_splits, float* ws, int sm_count);
+                              int max_splits, float* ws, int sm_count,
+                              const L2Spans* next = nullptr);
 
 // The gated delta rule in chunks of 64 tokens (cuda_gdn_chunked.cu). Workspace it needs (floats)
 // for k_dim 4..128 (a multiple of 4) and v_dim 1..128; 0 for shapes it does not take.
@@ -266,8 +267,9 @@ class CudaBackend final : public Backend {
   bool norm_into_bf16_gemms(float* x, const float* y, const float* w, float* h, int64_t rows,
                             int dim, float eps, const Weight* const* ws, float* const* outs,
                             int count);
+  // next: a matrix the split pass starts towards L2 (the output projection after it), or null.
   int attention_split(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
-                      const float* q, int heads, float scale);
+                      const float* q, int heads, float scale, const cuda::L2Spans* next = nullptr);
   // Whether the 4-bit digit GEMV takes `m` over n rows of K values prepared by a kernel that
   // writes `unit` values in one piece (whole groups of m).
   bool q4_digit_gemv_takes(const cuda::DevMat& m, int64_t n, int64_t K, int64_t unit) const;

@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_l2_prefetch.h"
 
 namespace tokenmill::cuda {
 
@@ -467,6 +468,44 @@ __device__ __forceinline__ void allow_dependent_launch() {
 __device__ __forceinline__ void pdl_begin() {
   wait_for_previous_grid();
   allow_dependent_launch();
+}
+
+// Block `block` of `blocks` asks L2 for its share of each span (lanes 0-2 of the calling warp,
+// one span each; the shares are 16-byte multiples, so a span's last bytes below 16 stay out).
+__device__ __forceinline__ void l2_prefetch_spans(const L2Spans& s, int64_t block, int64_t blocks) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    if (lane == i && i < s.count) {
+      const uint64_t n = s.bytes[i];
+      const uint64_t chunk = (n / static_cast<uint64_t>(blocks) + 15) & ~uint64_t{15};
+      const uint64_t start = static_cast<uint64_t>(block) * chunk;
+      if (start < n) {
+        const uint64_t len = (chunk < n - start ? chunk : n - start) & ~uint64_t{15};
+        if (len >= 16) {
+          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(
+                           static_cast<const char*>(s.ptr[i]) + start),
+                       "r"(static_cast<uint32_t>(len)));
+        }
+      }
+    }
+  }
+}
+
+// The spans of matrix m (one expert's, or the whole of a plain matrix).
+inline L2Spans l2_spans_of(const DevMat& m) {
+  L2Spans s;
+  const auto add = [&](const void* p, int64_t bytes) {
+    if (p != nullptr && bytes > 0) {
+      s.ptr[s.count] = p;
+      s.bytes[s.count] = static_cast<uint64_t>(bytes);
+      ++s.count;
+    }
+  };
+  add(m.data, m.data_stride);
+  add(m.scales, m.sb_stride);
+  add(m.biases, m.sb_stride);
+  return s;
 }
 
 // A launch with programmatic stream serialization (captured into CUDA graphs as a programmatic

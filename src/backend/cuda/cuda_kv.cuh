@@ -86,6 +86,7 @@ struct SplitArgs {
   int positions;  // the CUDA-core kernel's positions per split (a multiple of its warps' steps);
                   // the tensor-core pass spreads each row's context over the splits itself
   float* ws;      // [n_tokens, heads, splits] x (D + 2): acc[D], m, l
+  L2Spans next;   // the tensor-core pass: what to start towards L2 after its wait
 };
 
 // The end of a split-context decode kernel's block: merges its W warps' online-softmax states

@@ -37,6 +37,16 @@ struct alignas(16) L2Prefetch {
 };
 static_assert(sizeof(L2Prefetch) % 16 == 0);
 
+// A matrix a later launch reads (data, scales, biases), started towards L2 by a latency-bound
+// kernel before it, whose DRAM would otherwise sit idle (the attention's split pass before its
+// output projection): each block of the issuing launch takes its share of every span
+// (l2_prefetch_spans, cuda_common.cuh).
+struct L2Spans {
+  const void* ptr[3] = {nullptr, nullptr, nullptr};  // 16-byte aligned
+  uint64_t bytes[3] = {0, 0, 0};
+  int count = 0;
+};
+
 struct L2Region {
   const void* ptr = nullptr;
   uint64_t bytes = 0;
