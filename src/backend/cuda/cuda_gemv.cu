@@ -120,10 +120,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kAffine<C> ? (N == 1   ? 
                                                                      : N <= 4 ? 4
                                                                               : 3))
     gemv_fast_kernel(GemvJobs jobs, const float* __restrict__ x, int64_t ldx, int n, StreamK sk) {
+  __shared__ LocalFixup<2> fixup;
+  streamk_local_fixup_begin(sk, fixup);
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (w >= sk.warps) return;
   const int lane = threadIdx.x & 31;
-  __shared__ LocalFixupSlots<2> fixup_slots[kWarpsPerBlock];
   bool waited = false;  // the wait follows the first weight loads (fast_tile_dot)
   streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1, bool last_part) {
     int j = 0;
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kAffine<C> ? (N == 1   ? 
         next.issue();
         next.len = 0;
       };
-      if (sk.local > 0 ? !streamk_local_fixup(sk, mine, fixup_slots, counted)
+      if (sk.local > 0 ? !streamk_local_fixup(sk, mine, fixup, counted)
                        : !streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, mine, 0, 1, counted)) {
         return;
       }
@@ -301,6 +302,10 @@ void plan_local_fixup(StreamK& sk, const void* kernel, int threads, size_t smem)
   while (cluster_warps % block_warps != 0) cluster_warps += k;
   const int cluster = static_cast<int>(cluster_warps / block_warps);
   if (cluster > 4 || sk.warps % cluster_warps != 0) return;
+  for (int rank = 0; rank < cluster; ++rank) {  // the blocks' LocalFixup capacity
+    const int firsts = local_fixup_firsts(static_cast<int>(k), block_warps, rank);
+    if (firsts > kLocalFixupFirsts || firsts * (k - 1) > kLocalFixupSlots) return;
+  }
   // A cluster launch must still be one wave: every cluster resident at once.
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(sk.warps / block_warps));

@@ -203,6 +203,8 @@ template <int G, int CB, int U, int ST, bool kSlots>
 __global__ void __launch_bounds__(128, CB == 1 ? 5 : 4)
     q4d_gemv_kernel(GemvJobs jobs, Q4Act act, int n, Q4Slots slots_arg, StreamK sk,
                     int64_t tiles_per_slot) {
+  __shared__ LocalFixup<CB * 2> fixup;
+  streamk_local_fixup_begin(sk, fixup);
   Q4Slots slots = kSlots ? slots_arg : Q4Slots{};
   if constexpr (kSlots) {
     if (slots.picks.logits != nullptr) {
@@ -217,7 +219,6 @@ __global__ void __launch_bounds__(128, CB == 1 ? 5 : 4)
   // batch 1: 450 -> 461 tok/s for the down projection's launch alone).
   if (slots.ids != nullptr && !slots.ids_ready) wait_for_previous_grid();
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  __shared__ LocalFixupSlots<CB * 2> fixup_slots[4];
   streamk_for_each(sk, w, [&](int64_t tile, int64_t k0, int64_t k1) {
     const Q4Tile q = q4_tile(jobs, tile, tiles_per_slot, n, slots);
     float tot[CB][2];
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(128, CB == 1 ? 5 : 4)
     }
     if (k0 > 0 || k1 < sk.steps) {
       auto& flat = reinterpret_cast<float(&)[CB * 2]>(tot);
-      if (sk.local > 0 ? !streamk_local_fixup(sk, flat, fixup_slots)
+      if (sk.local > 0 ? !streamk_local_fixup(sk, flat, fixup)
                        : !streamk_fixup(sk, w, tile, k0 > 0 ? 0 : 1, flat)) {
         return;
       }

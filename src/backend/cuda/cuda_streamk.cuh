@@ -214,25 +214,66 @@ __device__ __forceinline__ bool streamk_fixup(const StreamK& sk, int64_t w, int6
   return true;
 }
 
-// A tile's partials in shared memory: [block warps][kCount][32] floats (lane-major per value:
+// A tile's partials in shared memory: [kCount][32] floats (lane-major per value:
 // conflict-free), the slots of streamk_local_fixup.
 template <int kCount>
 struct LocalFixupSlots {
   float v[kCount * 32];
 };
 
+// One block's local fixup state. Launches with local fixups run blocks of four warps, so a
+// block holds at most two first warps of cluster tiles (k = 3) and at most 15 incoming partials
+// (k = 16 in clusters of four); plan_local_fixup checks the shape against both.
+constexpr int kLocalFixupSlots = 16;
+constexpr int kLocalFixupFirsts = 2;
+template <int kCount>
+struct LocalFixup {
+  LocalFixupSlots<kCount> slots[kLocalFixupSlots];  // in a block: warp wl's; in a cluster: the
+                                                    // block's first warps' incoming, k - 1 each
+  uint64_t bars[kLocalFixupFirsts];                 // in a cluster: a first warp's incoming bytes
+};
+
+// First warps of cluster tiles (k warps a tile) in cluster block `rank` of `warps` warps: the
+// multiples of k in [rank * warps, (rank + 1) * warps).
+__host__ __device__ inline int local_fixup_firsts(int k, int warps, int rank) {
+  return ((rank + 1) * warps + k - 1) / k - (rank * warps + k - 1) / k;
+}
+
+// Every thread of a launch with local fixups calls this before any warp's streamk_local_fixup,
+// best before its dependent-launch wait (nothing here depends on the kernel before). In a
+// cluster: each first warp's mbarrier, expecting its k - 1 partials, is initialized and the
+// cluster told so (a relaxed arrive, waited for only by the warps that push).
+template <int kCount>
+__device__ __forceinline__ void streamk_local_fixup_begin(const StreamK& sk,
+                                                          LocalFixup<kCount>& fx) {
+  if (sk.local == 0 || sk.cluster == 1) return;
+  if (threadIdx.x == 0) {
+    const int warps = static_cast<int>(blockDim.x >> 5), k = sk.local;
+    const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
+    const int n = local_fixup_firsts(k, warps, rank);
+    for (int o = 0; o < n; ++o) {
+      const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&fx.bars[o]));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                   "r"((k - 1) * kCount * 32 * 4)
+                   : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncwarp();
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
 // The local form of streamk_fixup (StreamK::local > 0), called once by every warp of the launch
 // with its part's `vals`. Returns true on the tile's first warp, whose vals then hold the complete
-// sums added in warp order, as streamk_fixup adds them; false on the others. counted() as there. In
-// a cluster whose blocks can hold their first warps' incoming partials (k = 3 in blocks of four
-// warps: at most two first warps a block, four partials), the other warps push their partials
-// into the first warp's block before one cluster barrier and the first warp reads them locally
-// after it: one barrier and no remote reads (S46: +1.2% on the 35B-A3B, H100). Otherwise a
-// tile's first warp pulls its other warps' slots through distributed shared memory (from its
-// own block or the next), and no block exits before a second cluster barrier, after every read.
+// sums added in warp order, as streamk_fixup adds them; false on the others. counted() as there.
+// In a block: named barriers. In a cluster, the other warps push their partials into the first
+// warp's block by asynchronous stores that count on its mbarrier, and return: no cluster barrier
+// on the tile's path (a barrier's release waited for every earlier memory operation, and kept
+// every block alive until the slowest), and the first warp reads its partials locally.
 template <int kCount, class Counted = NoCounted>
 __device__ __forceinline__ bool streamk_local_fixup(const StreamK& sk, float (&vals)[kCount],
-                                                    LocalFixupSlots<kCount>* slots,
+                                                    LocalFixup<kCount>& fx,
                                                     Counted&& counted = NoCounted{}) {
   const int lane = threadIdx.x & 31, wl = threadIdx.x >> 5;
   const int k = sk.local;
@@ -246,7 +287,7 @@ __device__ __forceinline__ bool streamk_local_fixup(const StreamK& sk, float (&v
     const bool second = wl >= k;  // k = 2: warps 2 and 3 (k = 4: none)
     if (wl != first) {
 #pragma unroll
-      for (int i = 0; i < kCount; ++i) slots[wl].v[i * 32 + lane] = vals[i];
+      for (int i = 0; i < kCount; ++i) fx.slots[wl].v[i * 32 + lane] = vals[i];
       if (second) {
         asm volatile("bar.arrive 2, %0;" ::"r"(count) : "memory");
       } else {
@@ -264,57 +305,50 @@ __device__ __forceinline__ bool streamk_local_fixup(const StreamK& sk, float (&v
 #pragma unroll 4
     for (int j = 1; j < k; ++j) {
 #pragma unroll
-      for (int i = 0; i < kCount; ++i) vals[i] += slots[wl + j].v[i * 32 + lane];
+      for (int i = 0; i < kCount; ++i) vals[i] += fx.slots[wl + j].v[i * 32 + lane];
     }
     return true;
   }
   // A cluster holds whole tiles: its warp cw is part cw % k of one of them (k = 3: a cluster of
-  // three blocks, four tiles, a tile's warps possibly in two blocks).
-  namespace cg = cooperative_groups;
-  cg::cluster_group cl = cg::this_cluster();
+  // three blocks, four tiles, a tile's warps possibly in two blocks). First warp f sits in block
+  // fb as its o-th first warp; its incoming slots are [o (k - 1), (o + 1) (k - 1)).
   const int warps = static_cast<int>(blockDim.x >> 5);
-  const int cw = static_cast<int>(cl.block_rank()) * warps + wl;
-  const bool first = cw % k == 0;
-  // A block of `warps` warps holds at most ceil(warps / k) first warps, each receiving k - 1.
-  if ((warps + k - 1) / k * (k - 1) <= warps) {
-    const int f = cw - cw % k, fb = f / warps;
-    // The tile's k - 1 slots in block fb: after those of the block's earlier first warps.
-    const int base = (f - (fb * warps + k - 1) / k * k) / k * (k - 1);
-    if (!first) {
-      LocalFixupSlots<kCount>* s = cl.map_shared_rank(slots, fb) + base + (cw - f - 1);
+  const int cw = static_cast<int>(cooperative_groups::this_cluster().block_rank()) * warps + wl;
+  const int f = cw - cw % k, fb = f / warps;
+  const int o = f / k - (fb * warps + k - 1) / k;
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&fx.bars[o]));
+  if (cw != f) {
+    // Block fb's mbarriers are initialized once every block has arrived (in its begin).
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    const uint32_t dst = static_cast<uint32_t>(
+        __cvta_generic_to_shared(&fx.slots[o * (k - 1) + (cw - f - 1)].v[lane]));
+    uint32_t rdst, rbar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rdst) : "r"(dst), "r"(fb));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"(bar), "r"(fb));
 #pragma unroll
-      for (int i = 0; i < kCount; ++i) s->v[i * 32 + lane] = vals[i];
+    for (int i = 0; i < kCount; ++i) {
+      asm volatile(
+          "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(
+              rdst + i * 32 * 4),
+          "r"(__float_as_uint(vals[i])), "r"(rbar)
+          : "memory");
     }
-    // Release and acquire: the stores above are visible to the first warps past the barrier.
-    cl.sync();
     counted();
-    if (first) {
-#pragma unroll 4
-      for (int j = 0; j < k - 1; ++j) {
-#pragma unroll
-        for (int i = 0; i < kCount; ++i) vals[i] += slots[base + j].v[i * 32 + lane];
-      }
-    }
-    return first;
+    return false;
   }
-  if (!first) {
-#pragma unroll
-    for (int i = 0; i < kCount; ++i) slots[wl].v[i * 32 + lane] = vals[i];
-  }
-  cl.sync();
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], 0;\n"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(bar)
+      : "memory");
   counted();
-  if (first) {
+  const LocalFixupSlots<kCount>* in = fx.slots + o * (k - 1);
 #pragma unroll 4
-    for (int j = cw + 1; j < cw + k; ++j) {
-      const LocalFixupSlots<kCount>* s = cl.map_shared_rank(slots, j / warps) + j % warps;
+  for (int j = 0; j < k - 1; ++j) {
 #pragma unroll
-      for (int i = 0; i < kCount; ++i) vals[i] += s->v[i * 32 + lane];
-    }
+    for (int i = 0; i < kCount; ++i) vals[i] += in[j].v[i * 32 + lane];
   }
-  // Every warp arrives after its reads: once all have, no slot is read again and blocks may exit.
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-  return first;
+  return true;
 }
 
 }  // namespace tokenmill::cuda
