@@ -316,6 +316,50 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+// Distributed shared memory without cluster barriers on the data's path (sm_90): a block
+// announces its mbarriers once (cluster_arrive_relaxed after their init and
+// fence_mbarrier_init), a sender waits for that (cluster_wait, long done by then) and pushes
+// values by st_async_cluster, each counted as completed bytes on the receiver's mbarrier, which
+// the receiver waits for with mbar_wait_cluster. Senders wait for nothing and may exit; every
+// block receiving anything waits for it, so none exits while a store into it is in flight.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {  // whole warps
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {  // whole warps
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The shared::cluster address of this block's shared address `addr` in cluster block `rank`.
+__device__ __forceinline__ uint32_t cluster_addr(uint32_t addr, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
+  return out;
+}
+// 4 bytes to `raddr`, completing 4 bytes of the mbarrier at `rbar` (shared::cluster addresses
+// of the same block).
+__device__ __forceinline__ void st_async_cluster(uint32_t raddr, float v, uint32_t rbar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(raddr),
+      "r"(__float_as_uint(v)), "r"(rbar)
+      : "memory");
+}
+// One arrival on another block's mbarrier (a shared::cluster address), ordered after this
+// thread's earlier memory operations.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t rbar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(rbar)
+               : "memory");
+}
+// mbar_wait for a phase completed from other blocks: their writes are visible once it returns.
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory by the
 // copy engine, completing on the mbarrier `bar`.
 __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes,

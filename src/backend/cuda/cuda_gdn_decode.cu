@@ -10,15 +10,15 @@
 // cuda_gdn.cuh), so a head's 64 KB of state loads over four multiprocessors. A cluster holds the
 // 4r blocks of one key head kh (its r = v_heads / k_heads value heads): every block computes the
 // q and k of kh (thread j: q and k channel j; the conv is 4 FMAs a channel) and its own 32 value
-// channels, and the cluster's first block writes the q and k channels' conv state once the
-// cluster's barrier says every block has read it. The gated norm sums the head's squares over
-// its four blocks (distributed shared memory, in block order); with a 4-bit output projection,
-// each block stores its outputs into the head's first block before the cluster's second (and
-// last) barrier, and that block writes the head's digits after it, from its own shared memory,
-// while the others are free to exit (a third barrier, for the first block's reads of the others'
-// outputs, measured 1% slower on the 35B-A3B). Its global stores (the state, the conv state, the
-// normed row) come after the last barrier: a cluster barrier's release waits for the thread's
-// stores before it to be acknowledged (MEMBAR.ALL.GPU before the arrive).
+// channels, and the cluster's first block writes the q and k channels' conv state once every
+// block has said (an arrival on its mbarrier) that it has read it. The gated norm sums the head's
+// squares over its four blocks: each pushes its sum into every block of the head, which add them
+// in block order; with a 4-bit output projection, each block pushes its outputs into the head's
+// first block, which writes the head's digits from its own shared memory. The pushes are
+// asynchronous stores counted on the receiver's mbarrier (cuda_common.cuh): no cluster barrier
+// on the step's path. The two barriers they replace cost a release each (MEMBAR.ALL.GPU, which
+// waits for every earlier store) and kept every block until the slowest arrived. The global
+// stores (the state, the conv state, the normed row) come last.
 //
 // The arithmetic of each part is its op's (gdn_front_kernel, delta_token_full, the gated norm's
 // kernels); sums over a head are taken in another order (F32 rounding apart, the same results).
@@ -74,8 +74,12 @@ __global__ void __launch_bounds__(kMixerThreads, 4) gdn_mixer_decode_kernel(Mixe
   __shared__ float vs[kBlockCols];                // v_t of the block's columns
   __shared__ __align__(16) float hs[kMaxDv];      // a head's first block: the head's outputs
   __shared__ float red[32];
-  __shared__ float head_ss;  // the block's sum of squares of o
-  __shared__ float gate[2];  // the decay factor exp(g) and beta
+  __shared__ float head_ss[kColBlocks];  // the head's blocks' sums of squares of o, by block
+  __shared__ float gate[2];              // the decay factor exp(g) and beta
+  // Pushed values land on: [0] head_ss (every block), [1] hs (a head's first block, with
+  // digits), [2] one arrival per block of the cluster once it has read the q/k conv state (the
+  // cluster's first block, which then writes it).
+  __shared__ uint64_t bars[3];
   cg::cluster_group cluster = cg::this_cluster();
   const GDNStateView& st = A.st;
   const int s = blockIdx.x, h = blockIdx.y, zb = blockIdx.z, tid = threadIdx.x;
@@ -87,6 +91,19 @@ __global__ void __launch_bounds__(kMixerThreads, 4) gdn_mixer_decode_kernel(Mixe
   const bool active = d < Dv;
   const int64_t C = st.channels, qkd = int64_t{Hk} * kRegDk, vd = int64_t{Hv} * Dv;
   const int64_t slot = A.slots[s];
+  const bool rank0 = cluster.block_rank() == 0;
+  if (tid == 0) {
+    mbar_init(smem_addr(&bars[0]), 1);
+    mbar_expect(smem_addr(&bars[0]), kColBlocks * 4);
+    if (zb == 0 && A.digits) {
+      mbar_init(smem_addr(&bars[1]), 1);
+      mbar_expect(smem_addr(&bars[1]), Dv * 4);
+    }
+    if (rank0) mbar_init(smem_addr(&bars[2]), static_cast<uint32_t>(r * kColBlocks));
+    fence_mbarrier_init();
+  }
+  __syncwarp();
+  cluster_arrive_relaxed();
   // Before the wait: weights, and this layer's states, last written by its previous step (every
   // kernel before the one this launch depends on has completed; delta_rule_decode_kernel).
   float* S = st.ssm + (slot * Hv + h) * kRegDk * Dv;
@@ -141,27 +158,33 @@ __global__ void __launch_bounds__(kMixerThreads, 4) gdn_mixer_decode_kernel(Mixe
     qk[kRegDk + tid] = yk * (1.0f / sqrtf(tk + 1e-6f));
   }
   __syncthreads();
+  // Every thread has used its q/k conv state: the cluster's first block may overwrite it.
+  cluster_wait();
+  if (tid == 0) mbar_arrive_cluster(cluster_addr(smem_addr(&bars[2]), 0));
   const float o =
       delta_token_full(col, qk, qk + kRegDk, i0, gate[0], gate[1], active ? vs[d - c0] : 0.0f);
   // The gated norm over the head: the block's squares (the first of a column's four threads),
   // then the cluster's, summed in block order.
   const bool first = active && tid % kParts == 0;
   const float bss = block_sum(first ? o * o : 0.0f, red);
-  if (tid == 0) head_ss = bss;
-  // Past this barrier every block of the cluster has read its conv state.
-  cluster.sync();
+  if (tid < kColBlocks) {  // to the head's blocks, each at its slot zb
+    const uint32_t z = static_cast<uint32_t>(tid * r + head_rank0);
+    st_async_cluster(cluster_addr(smem_addr(&head_ss[zb]), z), bss,
+                     cluster_addr(smem_addr(&bars[0]), z));
+  }
+  mbar_wait_cluster(smem_addr(&bars[0]), 0);
   float ss = 0.0f;
 #pragma unroll
-  for (int z = 0; z < kColBlocks; ++z) {
-    ss += *cluster.map_shared_rank(&head_ss, z * r + head_rank0);
-  }
+  for (int z = 0; z < kColBlocks; ++z) ss += head_ss[z];
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(Dv) + A.eps);
   const float gv = wn * (o * inv) * silu_f(zv);
-  if (first && A.digits) *cluster.map_shared_rank(&hs[d], head_rank0) = gv;
-  // Every block has read the cluster's head_ss once all pass here, and every head's first block
-  // holds the head's outputs (the barrier orders the stores above before its reads).
-  cluster.sync();
+  if (first && A.digits) {
+    const uint32_t z0 = static_cast<uint32_t>(head_rank0);
+    st_async_cluster(cluster_addr(smem_addr(&hs[d]), z0), gv,
+                     cluster_addr(smem_addr(&bars[1]), z0));
+  }
   if (A.digits && zb == 0 && warp == 0) {
+    mbar_wait_cluster(smem_addr(&bars[1]), 0);  // the head's outputs
     const bool live = lane < Dv / 8;
     float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     if (live) {
@@ -179,7 +202,8 @@ __global__ void __launch_bounds__(kMixerThreads, 4) gdn_mixer_decode_kernel(Mixe
     for (int j = 0; j < kRowsPerPart; ++j) S[static_cast<int64_t>(i0 + j) * Dv + d] = col[j];
   }
   if (v_live) sv[0] = hv[1], sv[1] = hv[2], sv[2] = xv;
-  if (cluster.block_rank() == 0) {
+  if (rank0) {
+    mbar_wait_cluster(smem_addr(&bars[2]), 0);
     sq[0] = hq[1], sq[1] = hq[2], sq[2] = xq;
     sk[0] = hk[1], sk[1] = hk[2], sk[2] = xk;
   }

@@ -38,6 +38,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/cuda/cuda_common.cuh"
+
 namespace tokenmill::cuda {
 
 struct StreamK {
@@ -252,16 +254,14 @@ __device__ __forceinline__ void streamk_local_fixup_begin(const StreamK& sk,
     const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
     const int n = local_fixup_firsts(k, warps, rank);
     for (int o = 0; o < n; ++o) {
-      const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&fx.bars[o]));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                   "r"((k - 1) * kCount * 32 * 4)
-                   : "memory");
+      const uint32_t bar = smem_addr(&fx.bars[o]);
+      mbar_init(bar, 1);
+      mbar_expect(bar, (k - 1) * kCount * 32 * 4);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_mbarrier_init();
   }
   __syncwarp();
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  cluster_arrive_relaxed();
 }
 
 // The local form of streamk_fixup (StreamK::local > 0), called once by every warp of the launch
@@ -316,31 +316,17 @@ __device__ __forceinline__ bool streamk_local_fixup(const StreamK& sk, float (&v
   const int cw = static_cast<int>(cooperative_groups::this_cluster().block_rank()) * warps + wl;
   const int f = cw - cw % k, fb = f / warps;
   const int o = f / k - (fb * warps + k - 1) / k;
-  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&fx.bars[o]));
+  const uint32_t bar = smem_addr(&fx.bars[o]);
   if (cw != f) {
-    // Block fb's mbarriers are initialized once every block has arrived (in its begin).
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-    const uint32_t dst = static_cast<uint32_t>(
-        __cvta_generic_to_shared(&fx.slots[o * (k - 1) + (cw - f - 1)].v[lane]));
-    uint32_t rdst, rbar;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rdst) : "r"(dst), "r"(fb));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"(bar), "r"(fb));
+    cluster_wait();  // block fb's mbarriers are initialized (every block arrived in its begin)
+    const uint32_t dst = cluster_addr(smem_addr(&fx.slots[o * (k - 1) + (cw - f - 1)].v[lane]), fb);
+    const uint32_t rbar = cluster_addr(bar, fb);
 #pragma unroll
-    for (int i = 0; i < kCount; ++i) {
-      asm volatile(
-          "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(
-              rdst + i * 32 * 4),
-          "r"(__float_as_uint(vals[i])), "r"(rbar)
-          : "memory");
-    }
+    for (int i = 0; i < kCount; ++i) st_async_cluster(dst + i * 32 * 4, vals[i], rbar);
     counted();
     return false;
   }
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], 0;\n"
-      "@!p bra WAIT_%=;\n}\n" ::"r"(bar)
-      : "memory");
+  mbar_wait_cluster(bar, 0);
   counted();
   const LocalFixupSlots<kCount>* in = fx.slots + o * (k - 1);
 #pragma unroll 4
