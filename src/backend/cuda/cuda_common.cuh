@@ -307,14 +307,14 @@ __device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+// The spin on phase %1 of the mbarrier at %0; `sem`: the try_wait's qualifiers before .shared.
+#define TM_MBAR_WAIT_LOOP(sem)                               \
+  "{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity" sem \
+  ".shared::cta.b64 p, [%0], "                               \
+  "%1;\n@!p bra WAIT_%=;\n}\n"
 // Returns once the phase of the given parity has completed (its writes are then visible).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
+  asm volatile(TM_MBAR_WAIT_LOOP("")::"r"(bar), "r"(parity) : "memory");
 }
 // Distributed shared memory without cluster barriers on the data's path (sm_90): a block
 // announces its mbarriers once (cluster_arrive_relaxed after their init and
@@ -353,12 +353,7 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t rbar) {
 }
 // mbar_wait for a phase completed from other blocks: their writes are visible once it returns.
 __device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
+  asm volatile(TM_MBAR_WAIT_LOOP(".acquire.cluster")::"r"(bar), "r"(parity) : "memory");
 }
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory by the
 // copy engine, completing on the mbarrier `bar`.
