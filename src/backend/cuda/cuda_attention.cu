@@ -133,8 +133,13 @@ __global__ void __launch_bounds__(256) attention_front_warp_kernel(AttnFrontArgs
   for (int i = 0; i < kI; ++i) {
     wv[i] = reinterpret_cast<const float4*>(is_q ? A.q_norm : A.k_norm)[lane + 32 * i];
   }
+  // The step's layout (uploaded before the step's first kernel) is read before the wait too: the
+  // cache row is a chain of three dependent loads (the sequence, the position, the block table).
+  const bool live = t < A.seqs.n_tokens;
+  const int64_t cp = is_q || !live ? -1 : token_cache_pos(A, t);
+  const float pos = live ? static_cast<float>(A.seqs.positions[t]) : 0.0f;
   pdl_begin();
-  if (t >= A.seqs.n_tokens) return;
+  if (!live) return;
   const float* src;
   float* dst;
   if (is_q) {
@@ -166,8 +171,6 @@ __global__ void __launch_bounds__(256) attention_front_warp_kernel(AttnFrontArgs
     reinterpret_cast<float4*>(row)[lane + 32 * i] = x[i];
   }
   __syncwarp();
-  const int64_t cp = is_q ? -1 : token_cache_pos(A, t);
-  const float pos = static_cast<float>(A.seqs.positions[t]);
   const int64_t at = cp * kvh * D + static_cast<int64_t>(hk) * D;
   const float4* v4 =
       reinterpret_cast<const float4*>(A.v + (static_cast<int64_t>(t) * kvh + hk) * D);
@@ -289,7 +292,6 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 // positions.
 constexpr int kMaxGroup = 8;        // query heads per kv head
 constexpr int kSplitBudget = 2048;  // query rows x splits: bounds the workspace
-constexpr int kMaxSplits = 256;     // per query row
 constexpr int kSplitStep = 4;       // positions per warp step
 
 template <int R, typename T>
@@ -398,104 +400,6 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(SplitA
       [&](int w, int h) { return wm[w][h]; }, [&](int w, int h) { return wl[w][h]; },
       [&](int w, int h, int d) { return wacc[w][h][d]; }, R, D, valid, a.ws,
       (static_cast<int64_t>(t) * a.heads + kvh * R) * a.splits + sp, a.splits);
-}
-
-// out[t, h, :] = sum over splits of acc * exp(m - M) / sum of l * exp(m - M). Block (t * heads
-// + h) of kCombineThreads threads: the splits' weights go to shared memory in one parallel pass,
-// then warp w sums splits w, w + 8, ... over its lanes' dims (float4s at 4 * lane + 128 * c)
-// and the warps' sums are added in warp order. Why: one thread walking every split serially
-// (three passes of dependent loads) took ~0.3 ms per layer at 32k positions (258 splits).
-//
-// kGated (an attention layer's decode output, CudaBackend::attention_out): the row is multiplied
-// by sigmoid(gate) (q4d_prepare_kernel's arithmetic, so the same bits) and only its digits for
-// the 4-bit output projection are written, by warp 0 (a head's D / 8 words; groups divide D).
-constexpr int kCombineThreads = 256;
-constexpr int kCombineWarps = kCombineThreads / 32;
-
-template <bool kGated>
-__global__ void __launch_bounds__(kCombineThreads)
-    attention_combine_kernel(const float* __restrict__ ws, int splits, int D,
-                             float* __restrict__ out, const float* __restrict__ gate, int heads,
-                             Q4Act act) {
-  pdl_begin();
-  __shared__ float w[kMaxSplits];  // exp(m_sp - M) for splits that saw positions, else 0
-  __shared__ __align__(16) float part[kCombineWarps][256];
-  __shared__ float red[32];
-  const int64_t th = blockIdx.x;  // t * heads + h
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, chunks = D / 128;
-  const float* base = ws + th * splits * (D + 2);
-  // Pass 1: M over splits (NaN anywhere: a missing block, the whole row is NaN).
-  float mloc = -INFINITY;
-  bool nan = false;
-  for (int sp = threadIdx.x; sp < splits; sp += kCombineThreads) {
-    const float m = base[sp * (D + 2) + D];
-    nan |= m != m;
-    mloc = fmaxf(mloc, m);
-  }
-  mloc = warp_max(mloc);
-  if (lane == 0) red[warp] = mloc;
-  nan = __syncthreads_or(nan);  // also publishes red
-  const float M = warp_max(lane < kCombineWarps ? red[lane] : -INFINITY);
-  // Pass 2: weights and L.
-  float lloc = 0.0f;
-  for (int sp = threadIdx.x; sp < splits; sp += kCombineThreads) {
-    const float* p = base + sp * (D + 2);
-    const float l = p[D + 1];
-    const float f = l > 0.0f ? expf(p[D] - M) : 0.0f;
-    w[sp] = f;
-    lloc += l * f;
-  }
-  const float L = block_sum(lloc, red);  // its barriers also publish w
-  // Pass 3: each warp its splits, each lane its dims.
-  float4 acc[2] = {make_float4(0.0f, 0.0f, 0.0f, 0.0f), make_float4(0.0f, 0.0f, 0.0f, 0.0f)};
-#pragma unroll 4
-  for (int sp = warp; sp < splits; sp += kCombineWarps) {
-    const float f = w[sp];
-    if (f == 0.0f) continue;
-    const float* p = base + sp * (D + 2) + 4 * lane;
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      if (c >= chunks) break;
-      // D + 2 floats per split: rows are 8-byte aligned only, so two 8-byte loads.
-      const float2 lo = *reinterpret_cast<const float2*>(p + 128 * c);
-      const float2 hi = *reinterpret_cast<const float2*>(p + 128 * c + 2);
-      acc[c].x += f * lo.x, acc[c].y += f * lo.y, acc[c].z += f * hi.x, acc[c].w += f * hi.y;
-    }
-  }
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    if (c < chunks) *reinterpret_cast<float4*>(&part[warp][128 * c + 4 * lane]) = acc[c];
-  }
-  __syncthreads();
-  const float inv = nan ? NAN : 1.0f / L;
-  for (int d = threadIdx.x; d < D; d += kCombineThreads) {
-    float v = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kCombineWarps; ++k) v += part[k][d];
-    if constexpr (kGated) {
-      // Column d's sums are this thread's alone (D <= kCombineThreads): part[0] takes the row.
-      const float o = v * inv;
-      part[0][d] = o * sigmoid_f(gate[th * D + d]);
-    } else {
-      out[th * D + d] = v * inv;
-    }
-  }
-  if constexpr (kGated) {
-    __syncthreads();
-    if (warp == 0) {
-      const int words = D / 8;
-      const bool live = lane < words;
-      float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-      if (live) {
-        const float* p = &part[0][8 * lane];
-        const float nib[8] = {p[0], p[2], p[4], p[6], p[1], p[3], p[5], p[7]};  // nibble order
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = nib[i];
-      }
-      const int64_t t = th / heads, h = th - t * heads;
-      q4d_store_word(v, live, t, h * words + lane, int64_t{heads} * D, act.group, act);
-    }
-  }
 }
 
 // Positions per split for a context capacity (the block-table width in positions) and a number
@@ -675,10 +579,8 @@ void CudaBackend::attention(const KVLayerView& kv, const KVPaging& paging, const
   check_attention(kv, heads, supports_kv_dtype(kv.dtype));
   if (seqs.n_tokens <= 0) return;
   if (const int splits = attention_split(kv, paging, seqs, q, heads, scale)) {
-    cuda::launch_pdl(cuda::attention_combine_kernel<false>,
-                     static_cast<unsigned>(seqs.n_tokens * heads), cuda::kCombineThreads, 0,
-                     stream_, attn_ws_, splits, kv.head_dim, out, nullptr, heads, cuda::Q4Act{});
-    TM_CUDA_LAUNCHED();
+    cuda::launch_attention_combine(stream_, attn_ws_, splits, kv.head_dim, seqs.n_tokens, heads,
+                                   out, nullptr, cuda::Q4Act{});
     return;
   }
   // Prefill in fast precision on sm_90 (not recorded, so the context lengths are the step's):
@@ -724,10 +626,8 @@ void CudaBackend::attention_out(const KVLayerView& kv, const KVPaging& paging,
       if (const int splits = attention_split(kv, paging, seqs, q, heads, scale, &next)) {
         const cuda::Q4Act act =
             cuda::q4_act_layout(n, K, m.group, cuda::Q4Operands::kDigits, gemv_ws_);
-        cuda::launch_pdl(cuda::attention_combine_kernel<true>, static_cast<unsigned>(n * heads),
-                         cuda::kCombineThreads, 0, stream_, attn_ws_, splits, kv.head_dim, nullptr,
-                         gate, heads, act);
-        TM_CUDA_LAUNCHED();
+        cuda::launch_attention_combine(stream_, attn_ws_, splits, kv.head_dim, static_cast<int>(n),
+                                       heads, nullptr, gate, act);
         q4_gemv_prepared(m, act, n, out);
         return;
       }

@@ -3,8 +3,8 @@
 // Op implementations are split by topic: cuda_backend.cpp (memory, weights), cuda_fill.cu
 // (random fill, read probe), cuda_linear.cu (generic GEMV, GEMM, embed), cuda_gemv.cu (fast
 // decode GEMV; cuda_l2_prefetch.cpp, the order it prefetches the next matrix by),
-// cuda_attention.cu (decode), cuda_attention_prefill.cu, cuda_gdn.cu, cuda_gdn_chunked.cu
-// (prefill), cuda_elementwise.cu, cuda_pick.cu (sampling), cuda_moe.cu.
+// cuda_attention.cu (decode; cuda_attention_combine.cu), cuda_attention_prefill.cu, cuda_gdn.cu,
+// cuda_gdn_chunked.cu (prefill), cuda_elementwise.cu, cuda_pick.cu (sampling), cuda_moe.cu.
 #pragma once
 
 #include <cstdint>
@@ -72,6 +72,15 @@ int launch_attention_split_tc(CUstream_st* st, const KVLayerView& kv, const KVPa
                               const SeqLayout& seqs, const float* q, int heads, float scale,
                               int max_splits, float* ws, int sm_count,
                               const L2Spans* next = nullptr);
+
+// Split-context decode attention: at most this many splits per query row (the combine's
+// shared memory holds a row's weights).
+constexpr int kMaxSplits = 256;
+// Its second pass (cuda_attention_combine.cu): the partials of `splits` splits of rows * heads
+// (query row, head) pairs in ws, head_dim D (128 or 256), into out (rows x heads x D), or with a
+// gate: out * sigmoid(gate) as the digits act of a 4-bit output projection (out unused).
+void launch_attention_combine(CUstream_st* st, const float* ws, int splits, int D, int rows,
+                              int heads, float* out, const float* gate, const Q4Act& act);
 
 // The gated delta rule in chunks of 64 tokens (cuda_gdn_chunked.cu). Workspace it needs (floats)
 // for k_dim 4..128 (a multiple of 4) and v_dim 1..128; 0 for shapes it does not take.

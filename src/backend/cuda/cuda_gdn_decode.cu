@@ -132,10 +132,13 @@ __global__ void __launch_bounds__(kMixerThreads, 4) gdn_mixer_decode_kernel(Mixe
   }
   const float wn = active ? A.norm_w[d] : 0.0f;
   const float a_log = A.a_log[h], dt_bias = A.dt_bias[h];
-  pdl_begin();
+  // The step's layout too (uploaded before the step's first kernel): after the wait, the
+  // token's inputs are one round trip away, not two.
   const int64_t t = A.seqs.cu_seqlens[s];
+  const bool no_token = A.seqs.cu_seqlens[s + 1] <= t;
+  pdl_begin();
   // No token: the states stay as they are (the whole cluster returns).
-  if (A.seqs.cu_seqlens[s + 1] <= t) return;
+  if (no_token) return;
   const float xq = A.qkv[t * C + chq], xk = A.qkv[t * C + chk];
   const float xv = v_live ? A.qkv[t * C + chv] : 0.0f;
   const float zv = active ? A.z[t * vd + int64_t{h} * Dv + d] : 0.0f;

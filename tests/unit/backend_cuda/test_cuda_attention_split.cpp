@@ -1,18 +1,18 @@
 // Split-context decode attention over BF16 caches (on sm_90 the tensor-core first pass,
 // cuda_attention_split_tc.cu) against the CPU over the same cache: 1, 6 and 8 query heads per
 // kv head at head_dim 128 and 256; contexts of 1 to 3,001 positions spread over many splits
-// (most of them empty for the short ones); 40 query rows whose whole contexts fall in one split
-// (each warp's ring of stages reused several times); several rows of one sequence at
-// consecutive positions (speculative verify); a sequence whose block table misses a block (NaN
-// rows, the others unaffected).
-// attention_out: with a gate and a 4-bit output projection at 1..4 decode rows, the combine
-// gates the rows and writes the projection's digits; its output must be the bits of CUDA's own
-// attention + sigmoid_mul_linear (the composed Backend::attention_out), and the CPU's within
-// the split tolerance; other shapes (5 rows, no gate, a bf16 projection) take the composed form.
-// Tolerance 1e-4 relative (the F32 kernels hold 1e-5): the tensor-core pass splits queries and
-// probabilities into BF16 high and low parts, 16 significant bits each (2^-16 = 1.5e-5 relative
-// an element; measured up to about 3e-5 of the output's scale), 256 times finer than the BF16
-// cache's own rounding of K and V.
+// (most of them empty for the short ones; one row alone over 3,001 positions takes more splits
+// than the combine holds in registers, cuda_attention_combine.cu); 40 query rows whose whole
+// contexts fall in one split (each warp's ring of stages reused several times); several rows of one
+// sequence at consecutive positions (speculative verify); a sequence whose block table misses a
+// block (NaN rows, the others unaffected). attention_out: with a gate and a 4-bit output projection
+// at 1..4 decode rows, the combine gates the rows and writes the projection's digits; its output
+// must be the bits of CUDA's own attention + sigmoid_mul_linear (the composed
+// Backend::attention_out), and the CPU's within the split tolerance; other shapes (5 rows, no gate,
+// a bf16 projection) take the composed form. Tolerance 1e-4 relative (the F32 kernels hold 1e-5):
+// the tensor-core pass splits queries and probabilities into BF16 high and low parts, 16
+// significant bits each (2^-16 = 1.5e-5 relative an element; measured up to about 3e-5 of the
+// output's scale), 256 times finer than the BF16 cache's own rounding of K and V.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -38,7 +38,7 @@ TEST_F(CudaAttentionSplit, Bf16CacheMatchesCpu) {
   const int block_size = 16;
   for (const Geo geo : {Geo{256, 24, 4}, Geo{256, 8, 1}, Geo{128, 4, 4}, Geo{128, 16, 2}}) {
     for (const SplitCase& c :
-         {SplitCase{{3001, 1, 700}, {1, 1, 1}},
+         {SplitCase{{3001, 1, 700}, {1, 1, 1}}, SplitCase{{3001}, {1}},
           SplitCase{{900, 640, 33, 1000, 17}, {8, 8, 8, 8, 8}}, SplitCase{{129, 2000}, {3, 1}}}) {
       const int D = geo.D, kvh = geo.kv_heads, heads = geo.heads;
       const FilledCache fc = filled_bf16_cache(rng, c.ctx, c.rows, block_size, kvh, D);
