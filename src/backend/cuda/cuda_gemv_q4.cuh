@@ -187,6 +187,7 @@ struct Q4TileStream {
   };
   const uint8_t *pw, *ps;
   int k1;
+  int l2_groups = 0;  // groups past the first two buffers asked of L2 before the wait
 
   __device__ Q4TileStream(const DevMat& m, int64_t r0, int end) : k1(end) {
     const int lane = threadIdx.x & 31, g = lane >> 2;
@@ -236,6 +237,17 @@ struct Q4TileStream {
     Buf b0, b1;
     load(b0, k0);
     load(b1, k0 + U);
+    // The next l2_groups groups of the range towards L2 while the kernel before finishes (the
+    // DRAM is otherwise idle then): lane 0 the weights, lane 1 the scales (lane 1 is row 0's
+    // too, g = 0), each one contiguous run in the tile layout.
+    const int lane = threadIdx.x & 31;
+    const int p0 = k0 + 2 * U, pn = min(k1 - p0, l2_groups);
+    if (pn > 0 && lane < 2) {
+      const uint8_t* at = lane == 0 ? pw + static_cast<uint32_t>(p0) * kBlockBytes
+                                    : ps + static_cast<uint32_t>(p0) * 32 * kSB;
+      const uint32_t bytes = static_cast<uint32_t>(pn) * (lane == 0 ? kBlockBytes : 32 * kSB);
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at), "r"(bytes));
+    }
     pdl_begin();
     after_wait();
     for (int base = k0; base < k1; base += 2 * U) {

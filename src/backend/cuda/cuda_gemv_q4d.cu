@@ -37,6 +37,15 @@ constexpr int kPrepThreads = 256;
 // few loads in flight). With local fixups (cuda_streamk.cuh), on an H100: 8 -> 452, 6 -> 448,
 // 4 -> 446; the 27B 137.3 at 8 and 4 alike.
 constexpr int kQ4MinSteps = 8;
+// Groups of its range past its first two buffers that each warp asks of L2 before its wait
+// (Q4TileStream::run), in launches of at least kQ4L2MinBytes of packed weights: the kernel before
+// (a norm, the GDN mixer, the attention's combine) leaves the DRAM idle for 4-7 us. Measured
+// (H100, S49): 27B q4g64 decode +0.9% (148.7 -> 150.0 tok/s): its output projections (15 MiB,
+// 12 groups a warp) take the rest of their ranges from L2, its launches of 40-80 groups a warp
+// neither gain nor lose; the 35B-A3B's launches (4-12 MiB, 8-11 groups a warp) lost 0.2% with
+// it, so they keep without (its LM head, 4-bit and 121 MiB, takes it: even).
+constexpr int kQ4L2Groups = 8;
+constexpr int64_t kQ4L2MinBytes = int64_t{14} << 20;
 
 // One thread per 8-value word of the [rows, K] activations (q4d_store_word).
 __global__ void __launch_bounds__(kPrepThreads)
@@ -202,7 +211,7 @@ __global__ void __launch_bounds__(1024)
 template <int G, int CB, int U, int ST, bool kSlots>
 __global__ void __launch_bounds__(128, CB == 1 ? 5 : 4)
     q4d_gemv_kernel(GemvJobs jobs, Q4Act act, int n, Q4Slots slots_arg, StreamK sk,
-                    int64_t tiles_per_slot) {
+                    int64_t tiles_per_slot, int l2_groups) {
   __shared__ LocalFixup<CB * 2> fixup;
   streamk_local_fixup_begin(sk, fixup);
   Q4Slots slots = kSlots ? slots_arg : Q4Slots{};
@@ -226,7 +235,8 @@ __global__ void __launch_bounds__(128, CB == 1 ? 5 : 4)
 #pragma unroll
       for (int cb = 0; cb < CB; ++cb) tot[cb][0] = tot[cb][1] = __int_as_float(0x7fc00000);
     } else {
-      Q4DigitDot<G, CB, U, ST>(q, act, static_cast<int>(k1)).run(static_cast<int>(k0), tot);
+      Q4DigitDot<G, CB, U, ST>(q, act, static_cast<int>(k1), l2_groups)
+          .run(static_cast<int>(k0), tot);
     }
     if (k0 > 0 || k1 < sk.steps) {
       auto& flat = reinterpret_cast<float(&)[CB * 2]>(tot);
@@ -267,8 +277,10 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
                             32 * CB * 2, ws, kQ4MinSteps, 1, 0,
                             CB == 1 ? TileAlign::kWarpsPerTile : TileAlign::kNone);
   plan_local_fixup(sk, reinterpret_cast<const void*>(kernel), 128, 0);
+  int64_t bytes = 0;  // of weights (one expert's where the matrices are experts)
+  for (int j = 0; j < jobs.count; ++j) bytes += jobs.m[j].rows * jobs.m[j].row_bytes;
   launch_streamk(sk, kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), 0, st,
-                 jobs, act, n, sl, sk, tiles_per_slot);
+                 jobs, act, n, sl, sk, tiles_per_slot, bytes >= kQ4L2MinBytes ? kQ4L2Groups : 0);
 }
 
 template <int G, int CB, bool kSlots>

@@ -38,7 +38,9 @@ struct Q4DigitDot {
   bool has_x[CB], has_s[CB];
   bool odd;
 
-  __device__ Q4DigitDot(const Q4Tile& q, const Q4Act& act, int end) : ws(q.m, q.r0, end) {
+  __device__ Q4DigitDot(const Q4Tile& q, const Q4Act& act, int end, int l2_groups = 0)
+      : ws(q.m, q.r0, end) {
+    ws.l2_groups = l2_groups;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     odd = (t & 1) != 0;
     const int groups = static_cast<int>(q.m.cols / G);
