@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A/B decode benchmark: runs `tokenmill bench` for several variants, alternating between them
-round after round on the same machine, and prints each variant's mean decode and batch-1
-aggregate tok/s with its ratio to the first variant.
+round after round on the same machine, and prints each variant's mean decode and aggregate
+tok/s (at --batch concurrent sequences, 1 by default) with its ratio to the first variant.
 
 Why alternating: two builds measured one after the other drift apart with the device's clocks
 and temperature (the same build moves by about 0.5% between runs); interleaved rounds put every
@@ -14,8 +14,8 @@ extra bench arguments, e.g.
         main=/tmp/tm_main new=/tmp/tm_new 'new-noprefetch=/tmp/tm_new --no-l2-prefetch'
 
 Each run is `BINARY bench --dummy-weights --device DEVICE --preset P --quant Q --prompt-lengths
-32 --contexts CONTEXT --batches 1 --decode-tokens N` plus the variant's arguments; the figures
-come from its --json output ("decode" at the context, "batch" 1's aggregate).
+32 --contexts CONTEXT --batches BATCH --decode-tokens N` plus the variant's arguments; the
+figures come from its --json output ("decode" at the context, the "batch" row's aggregate).
 """
 
 import argparse
@@ -53,7 +53,7 @@ def run_once(v, preset, args):
         out = os.path.join(tmp, "bench.json")
         cmd = [v["binary"], "bench", "--dummy-weights", "--device", args.device, "--preset", preset,
                "--quant", args.quant, "--prompt-lengths", "32", "--contexts", str(args.context),
-               "--batches", "1", "--decode-tokens", str(args.decode_tokens), "--json", out,
+               "--batches", str(args.batch), "--decode-tokens", str(args.decode_tokens), "--json", out,
                "--chart", os.path.join(tmp, "bench.svg")] + v["extra"]
         env = dict(os.environ, **v["env"])
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -64,9 +64,10 @@ def run_once(v, preset, args):
         with open(out) as f:
             d = json.load(f)
     decode = [x["tok_s"] for x in d.get("decode", []) if x.get("context") == args.context]
-    batch = [x["aggregate_tok_s"] for x in d.get("batch", []) if x.get("seqs") == 1]
+    batch = [x["aggregate_tok_s"] for x in d.get("batch", []) if x.get("seqs") == args.batch]
     if not decode or not batch:
-        sys.exit(f"ab_bench: {v['name']} on {preset}: no decode at {args.context} or batch-1 row")
+        sys.exit(f"ab_bench: {v['name']} on {preset}: no decode at {args.context} or batch-"
+                 f"{args.batch} row")
     return decode[0], batch[0], d.get("read_gbps", 0.0), d.get("device", "?")
 
 
@@ -78,11 +79,14 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=1, help="concurrent sequences of the aggregate")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     args = ap.parse_args()
     if args.rounds < 1:
         sys.exit("ab_bench: --rounds must be at least 1")
+    if args.batch < 1:
+        sys.exit("ab_bench: --batch must be at least 1")
     presets = args.preset or ["qwen3.5-27b"]
     variants = [parse_variant(t) for t in args.variants]
     if len({v["name"] for v in variants}) != len(variants):
@@ -101,7 +105,8 @@ def main():
                       f"aggregate {agg:.2f}", flush=True)
 
     print(f"\n{device}; read probe {min(probes):.0f}-{max(probes):.0f} GB/s; "
-          f"{args.rounds} rounds, {args.quant}, decode at context {args.context}")
+          f"{args.rounds} rounds, {args.quant}, decode at context {args.context}, "
+          f"aggregate at {args.batch} sequences")
     print("| preset | variant | decode tok/s (mean) | vs first | aggregate tok/s (mean) | vs first |")
     print("|---|---|---|---|---|---|")
     for p in presets:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """tools/ab_bench.py against the built tokenmill on the CPU: two variants (the second with an
 environment setting and an extra bench argument) over two rounds print one line per run in
-alternating order and a table with each variant's means, the first at +0.0%; a spec without a
+alternating order and a table with each variant's means, the first at +0.0%; --batch takes the
+aggregate at that many sequences; a spec without a
 binary, a binary that does not exist, duplicate names and a bench that fails are refused with
 messages naming the variant."""
 import os
@@ -33,7 +34,14 @@ assert cells[0][1] == "base" and cells[0][3] == "+0.0%" and cells[0][5] == "+0.0
 assert cells[1][1] == "one" and re.fullmatch(r"[+-]\d+\.\d%", cells[1][3]), cells
 means = [float(c[2]) for c in cells]
 assert all(m > 0 for m in means), cells
-assert "2 rounds, q4g64, decode at context 64" in r.stdout, r.stdout
+assert "2 rounds, q4g64, decode at context 64, aggregate at 1 sequences" in r.stdout, r.stdout
+
+# --batch N: the aggregate comes from the N-sequence row of the same runs.
+r = run(f"base={BIN} --threads 2", extra=["--rounds", "1", "--batch", "2"])
+assert r.returncode == 0, r.stdout + r.stderr
+assert "aggregate at 2 sequences" in r.stdout, r.stdout
+row = [line for line in r.stdout.splitlines() if line.startswith("| cpu-120m |")]
+assert len(row) == 1 and float(row[0].strip("|").split("|")[4]) > 0, r.stdout
 
 for args, message in [
     (["nobinary"], "variant 'nobinary': expected NAME=SPEC"),
@@ -41,6 +49,7 @@ for args, message in [
     (["a=TM_X=1"], "variant 'a': no tokenmill binary"),
     ([f"a={BIN}", f"a={BIN}"], "variant names must differ"),
     ([f"bad={BIN} --batches 0"], "bad on cpu-120m failed"),
+    ([f"a={BIN}", "--batch", "0"], "--batch must be at least 1"),
 ]:
     r = run(*args)
     assert r.returncode != 0, args

@@ -38,14 +38,14 @@ constexpr int kPrepThreads = 256;
 // 4 -> 446; the 27B 137.3 at 8 and 4 alike.
 constexpr int kQ4MinSteps = 8;
 // Groups of its range past its first two buffers that each warp asks of L2 before its wait
-// (Q4TileStream::run), in launches of at least kQ4L2MinBytes of packed weights: the kernel before
-// (a norm, the GDN mixer, the attention's combine) leaves the DRAM idle for 4-7 us. Measured
-// (H100, S49): 27B q4g64 decode +0.9% (148.7 -> 150.0 tok/s): its output projections (15 MiB,
-// 12 groups a warp) take the rest of their ranges from L2, its launches of 40-80 groups a warp
-// neither gain nor lose; the 35B-A3B's launches (4-12 MiB, 8-11 groups a warp) lost 0.2% with
-// it, so they keep without (its LM head, 4-bit and 121 MiB, takes it: even).
-constexpr int kQ4L2Groups = 8;
-constexpr int64_t kQ4L2MinBytes = int64_t{14} << 20;
+// (Q4TileStream::run), every launch: the kernel before (a norm, the GDN mixer, the attention's
+// combine) leaves the DRAM idle for 4-7 us. Measured: H100 (S49), 8 groups in launches of at
+// least 14 MiB, 27B q4g64 decode +0.9% (its 15 MiB output projections, 12 groups a warp, take
+// the rest of their ranges from L2), while 8 groups in the 35B-A3B's small launches (4-12 MiB,
+// 8-11 groups a warp) lost 0.2%. H200 (S50, alternating runs against that rule): 4 groups in
+// every launch, 35B-A3B 600.0 -> 604.4 tok/s (+0.7%, four rounds), 27B 176.8 -> 177.6 (+0.4%);
+// 8 or 2 groups in every launch +0.2%.
+constexpr int kQ4L2Groups = 4;
 
 // One thread per 8-value word of the [rows, K] activations (q4d_store_word).
 __global__ void __launch_bounds__(kPrepThreads)
@@ -277,10 +277,8 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
                             32 * CB * 2, ws, kQ4MinSteps, 1, 0,
                             CB == 1 ? TileAlign::kWarpsPerTile : TileAlign::kNone);
   plan_local_fixup(sk, reinterpret_cast<const void*>(kernel), 128, 0);
-  int64_t bytes = 0;  // of weights (one expert's where the matrices are experts)
-  for (int j = 0; j < jobs.count; ++j) bytes += jobs.m[j].rows * jobs.m[j].row_bytes;
   launch_streamk(sk, kernel, dim3(static_cast<unsigned>((sk.warps + 3) / 4)), dim3(128), 0, st,
-                 jobs, act, n, sl, sk, tiles_per_slot, bytes >= kQ4L2MinBytes ? kQ4L2Groups : 0);
+                 jobs, act, n, sl, sk, tiles_per_slot, kQ4L2Groups);
 }
 
 template <int G, int CB, bool kSlots>

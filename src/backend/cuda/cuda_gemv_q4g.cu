@@ -18,11 +18,11 @@
 // all N rows (hi and lo parts, 128-byte swizzled K-major rows, the layout the wgmma descriptor
 // names).
 //
-// Each warpgroup overlaps a group's wgmmas with the previous group's epilogue (its scale and bias
-// FMAs): two accumulator sets, 168 registers a thread, hence three warpgroups and not four. The
-// loop is instruction-bound (ncu: 0.43 instructions issued per cycle per scheduler at 3 warps
-// each), so its address arithmetic is kept out: power-of-two stage counts, descriptors as the
-// stage's plus a constant, no branches while wgmmas run.
+// Each warpgroup overlaps a group's wgmmas with the next group's barrier, stage wait and
+// unpacking: two sets of A fragments, one accumulator set (three warpgroups, at most 168
+// registers a thread). The loop is instruction-bound, so its address arithmetic is kept out:
+// power-of-two stage counts, descriptors as the stage's plus a constant, no branches while
+// wgmmas run.
 //
 // The activations come prepared in "gmma order" (Q4Operands::kF16Gmma, cuda_gemv_q4.cu's
 // prepare kernel): per group, k-step s (16 values) holds for each lane column t the values that
@@ -39,8 +39,8 @@
 namespace tokenmill::cuda {
 namespace {
 
-// Three warpgroups: each holds two groups' accumulators (the loop overlaps one group's wgmmas
-// with the previous group's epilogue), 168 registers a thread.
+// Three warpgroups: each holds one accumulator set and two groups' A fragments (the loop
+// overlaps one group's wgmmas with unpacking the next), at most 168 registers a thread.
 constexpr int kWarpGroups = 3;
 constexpr int kWarps = 4 * kWarpGroups;
 constexpr int kThreads = 32 * kWarps;
@@ -263,32 +263,32 @@ struct Q4GmmaBlock {
     return static_cast<int>(use % kStages);
   }
 
-  // Group grp (its A fragments in a, its stage waited for): its wgmmas run while the group before
-  // it (in acc_prev) is finished; then, with nothing in flight, the next group's stage is waited
-  // for and its A fragments unpacked into a. Two accumulator sets alternate between the groups.
+  // Group grp (its A fragments in a, its stage waited for): its wgmmas run while the next
+  // group's stage is waited for and its A fragments unpacked into a_next; then grp's epilogue.
+  // The two A sets alternate between the groups: a warpgroup's tensor work overlaps its own
+  // barrier, stage wait and unpacking, where one A set had to drain its wgmmas first.
   __device__ __forceinline__ void step(int k0, int grp, uint32_t (&a)[kKSteps][4],
-                                       float (&acc)[N / 2], float (&acc_prev)[N / 2],
+                                       uint32_t (&a_next)[kKSteps][4], float (&acc)[N / 2],
                                        float (&tot)[N / 2]) const {
     const int slot = static_cast<int>((uses0 + static_cast<uint32_t>(grp - k0)) % kStages);
     mma(slot, a, acc);
-    if (grp > k0) {
-      wgmma_wait<1>();
-      epilogue((slot + kStages - 1) & (kStages - 1), acc_prev, tot);
-    }
+    // advance restages the stage of grp - 1: every warp finished its wgmmas and epilogue
+    // before issuing grp's wgmmas, ahead of the barrier.
+    if (grp + 1 < k1) unpack(advance(k0, grp + 1), a_next);
     wgmma_wait<0>();
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) fence_word(a[s][i]);  // read by the wgmmas until here
     }
-    if (grp + 1 < k1) unpack(advance(k0, grp + 1), a);
+    epilogue(slot, acc, tot);
   }
 
   __device__ __forceinline__ void run(int k0, float (&tot)[N / 2]) const {
     // The accumulators need no initial values (each group's first wgmma ignores them); zeroing
     // them made the compiler copy them at the loop's back edge while a wgmma was writing them.
-    float acc0[N / 2], acc1[N / 2];
-    uint32_t a[kKSteps][4];
+    float acc[N / 2];
+    uint32_t a0[kKSteps][4], a1[kKSteps][4];
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) tot[i] = 0.0f;
       // The first stages' weights load before the wait for the kernel that prepares the
@@ -301,19 +301,13 @@ struct Q4GmmaBlock {
       stage_acts((uses0 + s) % kStages, k0 + s);
       cp_async_commit();
     }
-    unpack(advance(k0, k0), a);
+    unpack(advance(k0, k0), a0);
     int grp = k0;
     for (; grp + 1 < k1; grp += 2) {
-      step(k0, grp, a, acc0, acc1, tot);
-      step(k0, grp + 1, a, acc1, acc0, tot);
+      step(k0, grp, a0, a1, acc, tot);
+      step(k0, grp + 1, a1, a0, acc, tot);
     }
-    const int last = static_cast<int>((uses0 + static_cast<uint32_t>(k1 - 1 - k0)) % kStages);
-    if (grp < k1) {  // an odd number of groups: the last one is in the first set
-      step(k0, grp, a, acc0, acc1, tot);
-      epilogue(last, acc0, tot);
-    } else {
-      epilogue(last, acc1, tot);
-    }
+    if (grp < k1) step(k0, grp, a0, a1, acc, tot);  // an odd number of groups
     cp_async_wait<0>();
     __syncthreads();  // the stages may be restaged by the block's next tile
   }
