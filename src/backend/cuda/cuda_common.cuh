@@ -286,6 +286,11 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
 }
+// One arrival on the mbarrier at `bar` once all of this thread's earlier cp.asyncs have landed
+// (counted in the mbarrier's init count: no pending arrival is added for it).
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
 }

@@ -13,16 +13,20 @@
 // warpgroup i owns rows [64i, 64i+64) and warp w of it the 16-row tile 4i+w, whose words it holds
 // as the A operand in registers (the tile layout's lane order is the wgmma A fragment's). Stream-K
 // divides block tiles x groups (cuda_streamk.cuh); split tiles are combined per warp. Each group
-// is one pipeline stage in shared memory, filled kStages - 2 groups ahead: the block tile's
+// is one pipeline stage in shared memory, filled kAhead groups ahead: the block tile's
 // weights and scales and the rows' group sums by cp.async from all threads, the activations of
 // all N rows (hi and lo parts, 128-byte swizzled K-major rows, the layout the wgmma descriptor
 // names).
 //
-// Each warpgroup overlaps a group's wgmmas with the next group's barrier, stage wait and
-// unpacking: two sets of A fragments, one accumulator set (three warpgroups, at most 168
-// registers a thread). The loop is instruction-bound, so its address arithmetic is kept out:
-// power-of-two stage counts, descriptors as the stage's plus a constant, no branches while
-// wgmmas run.
+// At 64 rows there is no block barrier in the loop: each thread's cp.asyncs arrive on the stage's
+// full mbarrier (with the copy engine's bytes), and each warp releases a stage on its empty
+// mbarrier when done with it. Warps then wait only for their own data; a barrier per group held
+// every warp to the slowest (ncu: the barrier was the largest stall). At 32 rows a barrier per
+// group is cheaper (Q4GmmaBlock::kLockstep, also kept for groups of 128). Each warpgroup overlaps a
+// group's wgmmas with the next group's stage wait and unpacking: two sets of A fragments, one
+// accumulator set (three warpgroups, at most 168 registers a thread). The loop is
+// instruction-bound, so its address arithmetic is kept out: power-of-two stage counts, descriptors
+// as the stage's plus a constant, no branches while wgmmas run.
 //
 // The activations come prepared in "gmma order" (Q4Operands::kF16Gmma, cuda_gemv_q4.cu's
 // prepare kernel): per group, k-step s (16 values) holds for each lane column t the values that
@@ -65,8 +69,8 @@ struct Q4GmmaStage {
   // A power of two (slot and phase arithmetic are masks and shifts); 184 KB of shared memory.
   static constexpr int kStages = G == 128 ? 4 : 8;
   static_assert((kStages & (kStages - 1)) == 0, "a power of two");
-  // + alignment, + one mbarrier per stage
-  static constexpr size_t kSmem = static_cast<size_t>(kStages) * kBytes + 1024 + 8 * kStages;
+  // + alignment, + two mbarriers per stage (full, empty)
+  static constexpr size_t kSmem = static_cast<size_t>(kStages) * kBytes + 1024 + 16 * kStages;
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -77,9 +81,17 @@ template <int G, int N, int ST>
 struct Q4GmmaBlock {
   using S = Q4GmmaStage<G, N, ST>;
   static constexpr int kStages = S::kStages;
-  // Groups staged ahead of the one being issued: a stage is free again only once its group's
-  // epilogue is done, one group after its wgmmas were issued.
-  static constexpr int kAhead = kStages - 2;
+  // How the warps meet the stages. Free-running (64 rows): each thread's cp.asyncs arrive on the
+  // stage's full mbarrier and each warp releases the stage on its empty mbarrier, so warps run
+  // apart by up to kAhead groups and wait only for their own data (+3% at 64 sequences, H100).
+  // Lockstep (32 rows, groups of 128): a block barrier per group, after which every warp is
+  // done with the stage two groups back. At 32 rows a group's wgmmas are half as long, and there
+  // the free-running form's 384 arrivals per stage cost more than the barrier saved (-2%); at
+  // groups of 128 (4 stages) it is not measured.
+  static constexpr bool kLockstep = N <= 32 || G != 64;
+  // Groups staged ahead of the one being waited for: a stage is restaged kStages - kAhead
+  // groups after its use (lockstep: its epilogue is done on every warp past the barrier).
+  static constexpr int kAhead = kLockstep ? kStages - 2 : kStages / 2;
   static constexpr int kKSteps = G / 16;
   uint32_t smem;  // shared address of stage 0
   int k1, ncols, groups;
@@ -92,10 +104,15 @@ struct Q4GmmaBlock {
   const uint8_t* ssrc;
   const float* sumsrc;
   // The activations come by the tensor copy engine: its map, the block's first row, the stage
-  // mbarriers and the block's stage uses before this tile (each use is one mbarrier phase).
+  // mbarriers and the block's stage uses before this tile (each use is one phase of its stage's
+  // mbarriers). full(slot) completes when the stage has landed: thread 0 arrives with the copy
+  // engine's bytes, and (free-running) every thread's cp.asyncs arrive. empty(slot), only
+  // free-running, completes when every warp is done reading the stage (kWarps arrivals).
   const CUtensorMap* tmap;
   int row0;
   uint32_t bars, uses0;
+  __device__ __forceinline__ uint32_t full(int slot) const { return bars + 8 * slot; }
+  __device__ __forceinline__ uint32_t empty(int slot) const { return bars + 8 * (kStages + slot); }
 
   __device__ Q4GmmaBlock(const DevMat& m, int64_t r0, int valid, const Q4Act& act, int64_t cbase,
                          int ncols_, int end, uint32_t smem_, const CUtensorMap* tmap_,
@@ -126,9 +143,11 @@ struct Q4GmmaBlock {
     sumsrc = act.sums + (cbase + (r < ncols ? r : 0)) * groups;
   }
 
-  // The weights and scales of group grp into stage `slot` (no commit).
-  __device__ __forceinline__ void stage_weights(int slot, int grp) const {
-    if (grp >= k1) return;
+  // The weights and scales of group grp into stage use `use`'s slot (free-running: after the
+  // slot's previous use, use - kStages, was released by every warp).
+  __device__ __forceinline__ void stage_weights(uint32_t use, int grp) const {
+    const int slot = static_cast<int>(use % kStages);
+    if constexpr (!kLockstep) mbar_wait(empty(slot), ((use / kStages) & 1) ^ 1);
     const uint32_t base = smem + slot * S::kBytes;
     static_assert(kWChunks * kThreads == kBlockTiles * S::kTileBytes / 16, "whole chunks");
 #pragma unroll
@@ -143,14 +162,14 @@ struct Q4GmmaBlock {
   }
 
   // The activations (hi and lo parts, N rows; rows past the prepared ones read as zeros) of
-  // group grp into stage `slot` by the tensor copy engine (its mbarrier), and their group sums
-  // by cp.async (no commit).
+  // group grp into stage `slot` by the tensor copy engine, and their group sums by cp.async;
+  // then this thread's arrival on the stage's full mbarrier (lockstep: the caller commits the
+  // stage's cp.async group, one group per stage use whether staged or not).
   __device__ __forceinline__ void stage_acts(int slot, int grp) const {
-    if (grp >= k1) return;
     const uint32_t base = smem + slot * S::kBytes;
     if (threadIdx.x == 0) {
-      const uint32_t bar = bars + 8 * slot;
-      mbar_expect(bar, S::kWOff);
+      const uint32_t bar = full(slot);
+      mbar_expect(bar, S::kWOff);  // lockstep: the only arrival
 #pragma unroll
       for (int pa = 0; pa < 2 * S::kAtoms; ++pa) {
         const int part = pa / S::kAtoms, atom = pa % S::kAtoms;
@@ -162,6 +181,7 @@ struct Q4GmmaBlock {
       cp_async4(base + S::kSumOff + threadIdx.x * 4, sumsrc + grp,
                 static_cast<int>(threadIdx.x) < ncols ? 4 : 0);
     }
+    if constexpr (!kLockstep) cp_async_arrive(full(slot));
   }
 
   // The A fragments of this warp's tile for the group in stage `slot`.
@@ -249,18 +269,35 @@ struct Q4GmmaBlock {
     }
   }
 
-  // Waits for group grp's stage and restages the one two groups back (its wgmmas and epilogue
-  // are done on every warp past the barrier) with group grp + kAhead. Returns grp's stage.
+  // Returns group grp's stage once it has landed, with group grp + kAhead staged. Lockstep: past
+  // the block barrier, which also frees the stage of grp - 2 for grp + kAhead. Free-running:
+  // grp + kAhead's stage after its empty mbarrier, then only grp's full mbarrier.
   __device__ __forceinline__ int advance(int k0, int grp) const {
     const uint32_t use = uses0 + static_cast<uint32_t>(grp - k0);
-    cp_async_wait<kAhead - 1>();
-    __syncthreads();
-    mbar_wait(bars + 8 * (use % kStages), (use / kStages) & 1);
-    const int next = static_cast<int>((use + kAhead) % kStages);
-    stage_weights(next, grp + kAhead);
-    stage_acts(next, grp + kAhead);
-    cp_async_commit();
+    if constexpr (kLockstep) {
+      cp_async_wait<kAhead - 1>();
+      __syncthreads();
+      mbar_wait(full(static_cast<int>(use % kStages)), (use / kStages) & 1);
+      if (grp + kAhead < k1) {
+        stage_weights(use + kAhead, grp + kAhead);
+        stage_acts(static_cast<int>((use + kAhead) % kStages), grp + kAhead);
+      }
+      cp_async_commit();
+      return static_cast<int>(use % kStages);
+    }
+    if (grp + kAhead < k1) {
+      stage_weights(use + kAhead, grp + kAhead);
+      stage_acts(static_cast<int>((use + kAhead) % kStages), grp + kAhead);
+    }
+    mbar_wait(full(static_cast<int>(use % kStages)), (use / kStages) & 1);
     return static_cast<int>(use % kStages);
+  }
+
+  // This warp is done reading stage `slot` (its wgmmas waited for, its epilogue done).
+  __device__ __forceinline__ void release(int slot) const {
+    if constexpr (kLockstep) return;
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(empty(slot));
   }
 
   // Group grp (its A fragments in a, its stage waited for): its wgmmas run while the next
@@ -272,8 +309,6 @@ struct Q4GmmaBlock {
                                        float (&tot)[N / 2]) const {
     const int slot = static_cast<int>((uses0 + static_cast<uint32_t>(grp - k0)) % kStages);
     mma(slot, a, acc);
-    // advance restages the stage of grp - 1: every warp finished its wgmmas and epilogue
-    // before issuing grp's wgmmas, ahead of the barrier.
     if (grp + 1 < k1) unpack(advance(k0, grp + 1), a_next);
     wgmma_wait<0>();
 #pragma unroll
@@ -282,6 +317,7 @@ struct Q4GmmaBlock {
       for (int i = 0; i < 4; ++i) fence_word(a[s][i]);  // read by the wgmmas until here
     }
     epilogue(slot, acc, tot);
+    release(slot);
   }
 
   __device__ __forceinline__ void run(int k0, float (&tot)[N / 2]) const {
@@ -294,12 +330,14 @@ struct Q4GmmaBlock {
       // The first stages' weights load before the wait for the kernel that prepares the
       // activations; each stage's commit group then closes with its activations.
 #pragma unroll
-    for (int s = 0; s < kAhead; ++s) stage_weights((uses0 + s) % kStages, k0 + s);
+    for (int s = 0; s < kAhead; ++s) {
+      if (k0 + s < k1) stage_weights(uses0 + s, k0 + s);
+    }
     pdl_begin();
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
-      stage_acts((uses0 + s) % kStages, k0 + s);
-      cp_async_commit();
+      if (k0 + s < k1) stage_acts(static_cast<int>((uses0 + s) % kStages), k0 + s);
+      if constexpr (kLockstep) cp_async_commit();
     }
     unpack(advance(k0, k0), a0);
     int grp = k0;
@@ -308,8 +346,10 @@ struct Q4GmmaBlock {
       step(k0, grp + 1, a1, a0, acc, tot);
     }
     if (grp < k1) step(k0, grp, a0, a1, acc, tot);  // an odd number of groups
-    cp_async_wait<0>();
-    __syncthreads();  // the stages may be restaged by the block's next tile
+    // Every stage this tile staged was waited for; the block's next tile restages them
+    // (free-running: after their empty mbarriers).
+    if constexpr (kLockstep) cp_async_wait<0>();
+    __syncthreads();
   }
 };
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -332,7 +372,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (unit >= sk.warps) return;  // the whole block
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < S::kStages; ++s) mbar_init(smem + S::kStages * S::kBytes + 8 * s, 1);
+    const uint32_t bars = smem + S::kStages * S::kBytes;
+    constexpr bool kLockstep = Q4GmmaBlock<G, N, ST>::kLockstep;
+    for (int s = 0; s < S::kStages; ++s) {
+      // Free-running: every thread's cp.asyncs and the copy engine's bytes; lockstep: the latter.
+      mbar_init(bars + 8 * s, kLockstep ? 1 : kThreads + 1);
+      if (!kLockstep) mbar_init(bars + 8 * (S::kStages + s), kWarps);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
