@@ -18,6 +18,9 @@ struct DeviceOptions {
   int threads = 0;              // CPU threads; 0 = all hardware threads
   // Prefill matmuls on CUDA: exact (F32-accurate, F16 hi + lo passes) or fast (one F16 pass).
   std::string prefill_precision = "exact";
+  // 4-bit GEMVs of 17-64 rows on Hopper: exact (F32-accurate) or fast (F16 weights x F16
+  // activations, one pass).
+  std::string batch_precision = "exact";
   // CUDA: bf16/8-bit decode GEMVs prefetch the next one's weights into L2 (bench's
   // --no-l2-prefetch turns it off to measure it).
   bool l2_prefetch = true;

@@ -151,6 +151,8 @@ void bench_command(BenchOptions o) {
   rep.device = describe_device(*be.backend, be.pool->size());
   if (!cpu && o.device.prefill_precision == "fast")
     rep.device += ", prefill precision fast (one F16 pass per matmul)";
+  if (!cpu && o.device.batch_precision == "fast")
+    rep.device += ", batch precision fast (17-64-row 4-bit matmuls in one F16 pass)";
   if (!o.device.l2_prefetch) {
     if (cpu) {
       std::fprintf(stderr, "note: --no-l2-prefetch has no effect on the CPU backend\n");

@@ -118,7 +118,8 @@ std::vector<std::string> serve_args(const ServeOptions& o) {
   if (!o.settings.empty()) a.insert(a.end(), {"--settings", fs::absolute(o.settings).string()});
   a.insert(a.end(), {"--shutdown-timeout", std::to_string(o.shutdown_timeout_ms)});
   a.insert(a.end(), {"--device", o.device.device, "--threads", std::to_string(o.device.threads),
-                     "--prefill-precision", o.device.prefill_precision});
+                     "--prefill-precision", o.device.prefill_precision, "--batch-precision",
+                     o.device.batch_precision});
   return a;
 }
 

@@ -2,8 +2,8 @@
 # `tokenmill bench` on the bundled demo model (CPU): the printed table has every requested
 # prefill length (with its TFLOP/s against the matmul probe), decode context and batch size; the
 # JSON report carries the measured device figures, the per-test rates and the peak memory; the chart is a complete SVG document;
-# a missing model directory, a zero batch size, an unknown --prefill-precision and a top-p above 1
-# fail with messages naming them; --temperature/--top-k/--top-p/--presence-penalty sample and the
+# a missing model directory, a zero batch size, an unknown --prefill-precision or --batch-precision
+# and a top-p above 1 fail with messages naming them; --temperature/--top-k/--top-p/--presence-penalty sample and the
 # report says so; --profile-ops prints the timed prompts' ops apart from the decode runs';
 # --write-checkpoint writes a preset's model to disk, and `bench DIR` reports its load rate.
 # (Contexts shorter than the batch sweep's 64-token prompts once made the batch sweep overflow
@@ -64,6 +64,15 @@ grep -q "prefill-precision" "$TMP/o4.txt" || { echo "error does not name --prefi
   --batches 1 --decode-tokens 2 --prefill-precision fast --json "$TMP/c.json" --chart "$TMP/c.svg" \
   > "$TMP/o5.txt" 2>&1
 grep -q "no effect on the CPU backend" "$TMP/o5.txt" || { echo "no note for fast on CPU:"; cat "$TMP/o5.txt"; exit 1; }
+# --batch-precision: the same choices and the same note.
+if "$BIN" bench "$ROOT/models/demo" --device cpu --batch-precision f16 > "$TMP/o9.txt" 2>&1; then
+  echo "bench with --batch-precision f16 succeeded"; exit 1
+fi
+grep -q "batch-precision" "$TMP/o9.txt" || { echo "error does not name --batch-precision:"; cat "$TMP/o9.txt"; exit 1; }
+"$BIN" bench "$ROOT/models/demo" --device cpu --threads 2 --prompt-lengths 16 --contexts 16 \
+  --batches 1 --decode-tokens 2 --batch-precision fast --json "$TMP/f.json" --chart "$TMP/f.svg" \
+  > "$TMP/o10.txt" 2>&1 || { echo "bench --batch-precision fast failed:"; cat "$TMP/o10.txt"; exit 1; }
+grep -q -- "--batch-precision fast has no effect on the CPU backend" "$TMP/o10.txt" || { echo "no note for --batch-precision fast on CPU:"; cat "$TMP/o10.txt"; exit 1; }
 "$BIN" bench "$ROOT/models/demo" --device cpu --threads 2 --prompt-lengths 16 --contexts 16 \
   --batches 1 --decode-tokens 2 --no-l2-prefetch --json "$TMP/e.json" --chart "$TMP/e.svg" \
   > "$TMP/o8.txt" 2>&1 || { echo "bench --no-l2-prefetch failed:"; cat "$TMP/o8.txt"; exit 1; }

@@ -24,11 +24,12 @@ int cuda_device_count() {
 }
 
 std::unique_ptr<Backend> make_cuda_backend(int device, PrefillPrecision prefill_precision,
-                                           bool l2_prefetch) {
-  return std::make_unique<CudaBackend>(device, prefill_precision, l2_prefetch);
+                                           bool l2_prefetch, BatchPrecision batch_precision) {
+  return std::make_unique<CudaBackend>(device, prefill_precision, l2_prefetch, batch_precision);
 }
 
-CudaBackend::CudaBackend(int device, PrefillPrecision prefill_precision, bool l2_prefetch)
+CudaBackend::CudaBackend(int device, PrefillPrecision prefill_precision, bool l2_prefetch,
+                         BatchPrecision batch_precision)
     : device_(device), prefill_precision_(prefill_precision) {
   const int count = cuda_device_count();
   if (device < 0 || device >= count) {
@@ -52,6 +53,7 @@ CudaBackend::CudaBackend(int device, PrefillPrecision prefill_precision, bool l2
                                              12000, cudaEnableDefault, &found));
     gemv_ws_.wgmma = found == cudaDriverEntryPointSuccess && gemv_ws_.encode_tiled != nullptr;
   }
+  gemv_ws_.fast_gmma = batch_precision == BatchPrecision::kFast;
   gemv_ws_.max_warps =
       static_cast<int64_t>(p.multiProcessorCount) * (p.maxThreadsPerMultiProcessor / 32);
   gemv_ws_.act_bytes = kGemvWorkspaceBytes;

@@ -41,6 +41,9 @@ struct GemvWorkspace {
   int sm_count = 0;
   bool wgmma = false;  // an sm_90 device: the wgmma kernels (sm_90a machine code) run on it
   void* encode_tiled = nullptr;  // the driver's cuTensorMapEncodeTiled (wgmma devices)
+  // BatchPrecision::kFast: the 17-64-row wgmma GEMV multiplies F16 weights by F16 activations
+  // in one pass (cuda_gemv_q4g.cu).
+  bool fast_gmma = false;
 };
 
 // gdn_mixer's decode kernel (cuda_gdn_decode.cu): allows its non-portable cluster sizes and
@@ -103,7 +106,8 @@ int64_t penalty_max_entries();  // penalize_rows' entries a call
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, PrefillPrecision prefill_precision, bool l2_prefetch);
+  CudaBackend(int device, PrefillPrecision prefill_precision, bool l2_prefetch,
+              BatchPrecision batch_precision);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;

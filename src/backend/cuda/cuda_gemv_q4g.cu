@@ -77,7 +77,10 @@ struct Q4GmmaStage {
 // One block tile's groups [k0, k1): staging (all threads) and the warpgroups' products.
 // tot[4j + 2h + e]: weight row g + 8h of the warp's tile, activation row 8j + 2t + e (the wgmma
 // accumulator fragment), summed over the groups, before the rows' power-of-two scales.
-template <int G, int N, int ST>
+// kFast (BatchPrecision::kFast): the A fragments are the weights themselves (digit * scale +
+// bias, rounded to F16 once) times the activations' hi parts alone, accumulated across the
+// groups by the wgmmas: no lo pass, no group sums, no per-group epilogue or wait.
+template <int G, int N, int ST, bool kFast>
 struct Q4GmmaBlock {
   using S = Q4GmmaStage<G, N, ST>;
   static constexpr int kStages = S::kStages;
@@ -93,6 +96,9 @@ struct Q4GmmaBlock {
   // groups after its use (lockstep: its epilogue is done on every warp past the barrier).
   static constexpr int kAhead = kLockstep ? kStages - 2 : kStages / 2;
   static constexpr int kKSteps = G / 16;
+  // Activation parts staged per group (hi, lo) and their bytes (the copy engine's per stage).
+  static constexpr int kParts = kFast ? 1 : 2;
+  static constexpr uint32_t kActBytes = kParts * S::kAtoms * S::kPartBytes;
   uint32_t smem;  // shared address of stage 0
   int k1, ncols, groups;
   // This thread's staging sources at group 0: activations, weight chunks (kWChunks a thread),
@@ -169,15 +175,15 @@ struct Q4GmmaBlock {
     const uint32_t base = smem + slot * S::kBytes;
     if (threadIdx.x == 0) {
       const uint32_t bar = full(slot);
-      mbar_expect(bar, S::kWOff);  // lockstep: the only arrival
+      mbar_expect(bar, kActBytes);  // lockstep: the only arrival
 #pragma unroll
-      for (int pa = 0; pa < 2 * S::kAtoms; ++pa) {
+      for (int pa = 0; pa < kParts * S::kAtoms; ++pa) {
         const int part = pa / S::kAtoms, atom = pa % S::kAtoms;
         tma_load_2d(base + pa * S::kPartBytes, tmap,
                     static_cast<int>(part * K) + grp * G + atom * 64, row0, bar);
       }
     }
-    if (threadIdx.x < N) {
+    if (!kFast && threadIdx.x < N) {
       cp_async4(base + S::kSumOff + threadIdx.x * 4, sumsrc + grp,
                 static_cast<int>(threadIdx.x) < ncols ? 4 : 0);
     }
@@ -212,12 +218,51 @@ struct Q4GmmaBlock {
         a[2 * w + p][3] = eb[2 * p + 1];
       }
     }
+    if constexpr (kFast) {
+      // Register i of a fragment is row g + 8 (i & 1)'s; registers 2 and 3 hold 16 * digit (the
+      // activations they meet are a sixteenth of theirs), so their bias is 16 * bias: each
+      // becomes 16 * (digit * scale + bias), which rounds as digit * scale + bias does.
+      float sc[2], bi[2];
+      load_scales(slot, sc, bi);
+      uint32_t s2[2], b2[2][2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(s2[h]) : "f"(sc[h]));
+        asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(b2[0][h]) : "f"(bi[h]));
+        asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(b2[1][h]) : "f"(16.0f * bi[h]));
+      }
+#pragma unroll
+      for (int k = 0; k < kKSteps; ++k) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          asm("fma.rn.f16x2 %0, %0, %1, %2;"
+              : "+r"(a[k][i])
+              : "r"(s2[i & 1]), "r"(b2[i >> 1][i & 1]));
+        }
+      }
+    }
+  }
+
+  // This lane's rows' scales and biases (rows g and g+8 of the warp's tile) in stage `slot`.
+  __device__ __forceinline__ void load_scales(int slot, float (&sc)[2], float (&bi)[2]) const {
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+    Q4ScaleVec<ST> sv;
+    const uint32_t sa = smem + slot * S::kBytes + S::kSOff + warp * S::kScaleBytes + g * 4 * S::kSB;
+    if constexpr (ST == kF32) {
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(sv.x), "=r"(sv.y), "=r"(sv.z), "=r"(sv.w)
+                   : "r"(sa));
+    } else {
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(sv.x), "=r"(sv.y) : "r"(sa));
+    }
+    q4_scales<ST>(sv, sc, bi);
   }
 
   // The group's wgmmas (A from a, B from stage `slot`) into acc as one wgmma group, committed and
-  // not waited for. a and acc stay untouched until it is waited for.
+  // not waited for. a and acc stay untouched until it is waited for. Exact: acc starts from zero
+  // every group; kFast: it starts from zero only at the tile's first group (`first`).
   __device__ __forceinline__ void mma(int slot, const uint32_t (&a)[kKSteps][4],
-                                      float (&acc)[N / 2]) const {
+                                      float (&acc)[N / 2], bool first) const {
     // The descriptors' address field is the shared address / 16 (below 2^14, no carries), so a
     // k-step's descriptor is the stage's plus a constant.
     const uint64_t d0 = gmma_desc(smem + slot * S::kBytes);
@@ -227,8 +272,12 @@ struct Q4GmmaBlock {
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s) {
       const uint32_t at = (s / 4) * S::kPartBytes + (s % 4) * 32;
-      wgmma<N>(acc, a[s], d0 + (at >> 4), s > 0 ? 1 : 0);
-      wgmma<N>(acc, a[s], d0 + ((at + S::kAtoms * S::kPartBytes) >> 4), 1);
+      if constexpr (kFast) {
+        wgmma<N>(acc, a[s], d0 + (at >> 4), s > 0 || !first ? 1 : 0);
+      } else {
+        wgmma<N>(acc, a[s], d0 + (at >> 4), s > 0 ? 1 : 0);
+        wgmma<N>(acc, a[s], d0 + ((at + S::kAtoms * S::kPartBytes) >> 4), 1);
+      }
     }
     wgmma_commit();
   }
@@ -297,7 +346,16 @@ struct Q4GmmaBlock {
   __device__ __forceinline__ void release(int slot) const {
     if constexpr (kLockstep) return;
     __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(empty(slot));
+    if constexpr (kFast) {
+      // Lane 0 arrives, predicated rather than branched: kFast releases with wgmmas in flight.
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, "
+          "[%0];\n}" ::"r"(empty(slot)),
+          "r"(threadIdx.x & 31)
+          : "memory");
+    } else if ((threadIdx.x & 31) == 0) {
+      mbar_arrive(empty(slot));
+    }
   }
 
   // Group grp (its A fragments in a, its stage waited for): its wgmmas run while the next
@@ -307,8 +365,23 @@ struct Q4GmmaBlock {
   __device__ __forceinline__ void step(int k0, int grp, uint32_t (&a)[kKSteps][4],
                                        uint32_t (&a_next)[kKSteps][4], float (&acc)[N / 2],
                                        float (&tot)[N / 2]) const {
-    const int slot = static_cast<int>((uses0 + static_cast<uint32_t>(grp - k0)) % kStages);
-    mma(slot, a, acc);
+    const uint32_t use = uses0 + static_cast<uint32_t>(grp - k0);
+    const int slot = static_cast<int>(use % kStages);
+    if constexpr (kFast) {
+      // acc is tot. grp's wgmmas stay in flight across the next group's staging and unpacking;
+      // those of grp - 1 (which read a_next and grp - 1's stage) are done past the wait.
+      mma(slot, a, acc, grp == k0);
+      wgmma_wait<1>();
+#pragma unroll
+      for (int s = 0; s < kKSteps; ++s) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) fence_word(a_next[s][i]);
+      }
+      if (grp > k0) release(static_cast<int>((use - 1) % kStages));
+      if (grp + 1 < k1) unpack(advance(k0, grp + 1), a_next);
+      return;
+    }
+    mma(slot, a, acc, false);
     if (grp + 1 < k1) unpack(advance(k0, grp + 1), a_next);
     wgmma_wait<0>();
 #pragma unroll
@@ -321,14 +394,18 @@ struct Q4GmmaBlock {
   }
 
   __device__ __forceinline__ void run(int k0, float (&tot)[N / 2]) const {
-    // The accumulators need no initial values (each group's first wgmma ignores them); zeroing
-    // them made the compiler copy them at the loop's back edge while a wgmma was writing them.
-    float acc[N / 2];
+    // The accumulators need no initial values (each group's first wgmma ignores them, kFast's
+    // the tile's first); zeroing them made the compiler copy them at the loop's back edge while
+    // a wgmma was writing them. kFast accumulates in tot itself.
+    float acc_own[N / 2];
+    float(&acc)[N / 2] = kFast ? tot : acc_own;
     uint32_t a0[kKSteps][4], a1[kKSteps][4];
+    if constexpr (!kFast) {
 #pragma unroll
-    for (int i = 0; i < N / 2; ++i) tot[i] = 0.0f;
-      // The first stages' weights load before the wait for the kernel that prepares the
-      // activations; each stage's commit group then closes with its activations.
+      for (int i = 0; i < N / 2; ++i) tot[i] = 0.0f;
+    }
+    // The first stages' weights load before the wait for the kernel that prepares the
+    // activations; each stage's commit group then closes with its activations.
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
       if (k0 + s < k1) stage_weights(uses0 + s, k0 + s);
@@ -346,6 +423,12 @@ struct Q4GmmaBlock {
       step(k0, grp + 1, a1, a0, acc, tot);
     }
     if (grp < k1) step(k0, grp, a0, a1, acc, tot);  // an odd number of groups
+    if constexpr (kFast) {
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) fence_operand(tot[i]);
+      release(static_cast<int>((uses0 + static_cast<uint32_t>(k1 - 1 - k0)) % kStages));
+    }
     // Every stage this tile staged was waited for; the block's next tile restages them
     // (free-running: after their empty mbarriers).
     if constexpr (kLockstep) cp_async_wait<0>();
@@ -359,7 +442,7 @@ struct Q4GmmaBlock {
 // (launch_q4g_gemv_chunks), tiles_per_chunk padded tiles per chunk. Dynamic shared memory:
 // Q4GmmaStage<G, N, ST>::kSmem. tmap: the prepared activations as [rows, 2K] halves in boxes of
 // 64 x N, 128-byte swizzled.
-template <int G, int N, int ST, bool kChunks>
+template <int G, int N, int ST, bool kChunks, bool kFast>
 __global__ void __launch_bounds__(kThreads, 1)
     q4g_gemv_kernel(GemvJobs jobs, Q4Act act, int n, StreamK sk, const int32_t* chunks,
                     int64_t tiles_per_chunk, const __grid_constant__ CUtensorMap tmap) {
@@ -373,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   if (threadIdx.x == 0) {
     const uint32_t bars = smem + S::kStages * S::kBytes;
-    constexpr bool kLockstep = Q4GmmaBlock<G, N, ST>::kLockstep;
+    constexpr bool kLockstep = Q4GmmaBlock<G, N, ST, kFast>::kLockstep;
     for (int s = 0; s < S::kStages; ++s) {
       // Free-running: every thread's cp.asyncs and the copy engine's bytes; lockstep: the latter.
       mbar_init(bars + 8 * s, kLockstep ? 1 : kThreads + 1);
@@ -389,8 +472,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t valid64 = (q.m.rows + 15) / 16 - q.r0 / 16;
     const int valid = static_cast<int>(valid64 < kBlockTiles ? valid64 : kBlockTiles);
     float tot[N / 2];
-    Q4GmmaBlock<G, N, ST>(q.m, q.r0, valid, act, q.cbase, q.ncols, static_cast<int>(k1), smem,
-                          &tmap, uses)
+    Q4GmmaBlock<G, N, ST, kFast>(q.m, q.r0, valid, act, q.cbase, q.ncols, static_cast<int>(k1),
+                                 smem, &tmap, uses)
         .run(static_cast<int>(k0), tot);
     uses += static_cast<uint32_t>(k1 - k0);
     if (warp >= valid) return;  // a padding tile
@@ -433,11 +516,11 @@ CUtensorMap act_tensor_map(const Q4Act& act, int n_box, const GemvWorkspace& ws)
   return map;
 }
 
-template <int G, int N, int ST, bool kChunks>
+template <int G, int N, int ST, bool kChunks, bool kFast>
 void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
                   int64_t block_tiles, const GemvWorkspace& ws, const int32_t* chunks,
                   int64_t tiles_per_chunk) {
-  const auto kernel = q4g_gemv_kernel<G, N, ST, kChunks>;
+  const auto kernel = q4g_gemv_kernel<G, N, ST, kChunks, kFast>;
   constexpr size_t smem = Q4GmmaStage<G, N, ST>::kSmem;
   TM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(smem)));
@@ -448,31 +531,34 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
              sk, chunks, tiles_per_chunk, map);
 }
 
-template <int G, int N, bool kChunks>
+template <int G, int N, bool kChunks, bool kFast>
 void launch_scale(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
                   int64_t block_tiles, const GemvWorkspace& ws, const int32_t* chunks,
                   int64_t tiles_per_chunk) {
   switch (jobs.m[0].sdtype) {
     case kBF16:
-      launch_typed<G, N, kBF16, kChunks>(st, jobs, act, n, block_tiles, ws, chunks,
-                                         tiles_per_chunk);
+      launch_typed<G, N, kBF16, kChunks, kFast>(st, jobs, act, n, block_tiles, ws, chunks,
+                                                tiles_per_chunk);
       break;
     case kF16:
-      launch_typed<G, N, kF16, kChunks>(st, jobs, act, n, block_tiles, ws, chunks, tiles_per_chunk);
+      launch_typed<G, N, kF16, kChunks, kFast>(st, jobs, act, n, block_tiles, ws, chunks,
+                                               tiles_per_chunk);
       break;
     default:
-      launch_typed<G, N, kF32, kChunks>(st, jobs, act, n, block_tiles, ws, chunks, tiles_per_chunk);
+      launch_typed<G, N, kF32, kChunks, kFast>(st, jobs, act, n, block_tiles, ws, chunks,
+                                               tiles_per_chunk);
   }
 }
 
-template <int N, bool kChunks>
+template <int N, bool kChunks, bool kFast>
 void launch_group(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
                   int64_t block_tiles, const GemvWorkspace& ws, const int32_t* chunks,
                   int64_t tiles_per_chunk) {
   if (act.group == 64) {
-    launch_scale<64, N, kChunks>(st, jobs, act, n, block_tiles, ws, chunks, tiles_per_chunk);
+    launch_scale<64, N, kChunks, kFast>(st, jobs, act, n, block_tiles, ws, chunks, tiles_per_chunk);
   } else {
-    launch_scale<128, N, kChunks>(st, jobs, act, n, block_tiles, ws, chunks, tiles_per_chunk);
+    launch_scale<128, N, kChunks, kFast>(st, jobs, act, n, block_tiles, ws, chunks,
+                                         tiles_per_chunk);
   }
 }
 
@@ -497,9 +583,15 @@ void launch_q4g_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
   jobs.shared_offset = 0;
   const int64_t block_tiles = q4_number_tiles(jobs, act, kBlockTiles) / kBlockTiles;
   if (n <= 32) {
-    launch_group<32, false>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
+    if (ws.fast_gmma) {
+      launch_group<32, false, true>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
+    } else {
+      launch_group<32, false, false>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
+    }
+  } else if (ws.fast_gmma) {
+    launch_group<64, false, true>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
   } else {
-    launch_group<64, false>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
+    launch_group<64, false, false>(st, jobs, act, n, block_tiles, ws, nullptr, 0);
   }
   TM_CUDA_LAUNCHED();
 }
@@ -511,8 +603,9 @@ void launch_q4g_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, co
                   "q4 wgmma gemv chunks: at least one chunk, a 16-byte aligned list");
   jobs.shared_offset = 0;
   const int64_t tiles_per_chunk = q4_number_tiles(jobs, act, kBlockTiles);
-  launch_group<64, true>(st, jobs, act, kQ4GemvMaxRows, tiles_per_chunk / kBlockTiles * n_chunks,
-                         ws, chunks, tiles_per_chunk);
+  launch_group<64, true, false>(st, jobs, act, kQ4GemvMaxRows,
+                                tiles_per_chunk / kBlockTiles * n_chunks, ws, chunks,
+                                tiles_per_chunk);
   TM_CUDA_LAUNCHED();
 }
 
