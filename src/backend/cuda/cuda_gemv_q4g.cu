@@ -243,11 +243,9 @@ struct Q4GmmaBlock {
     }
   }
 
-  // This lane's rows' scales and biases (rows g and g+8 of the warp's tile) in stage `slot`.
-  __device__ __forceinline__ void load_scales(int slot, float (&sc)[2], float (&bi)[2]) const {
-    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+  // The scale vector at shared address sa (one 8-byte load, F32: 16 bytes).
+  static __device__ __forceinline__ Q4ScaleVec<ST> scale_vec(uint32_t sa) {
     Q4ScaleVec<ST> sv;
-    const uint32_t sa = smem + slot * S::kBytes + S::kSOff + warp * S::kScaleBytes + g * 4 * S::kSB;
     if constexpr (ST == kF32) {
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                    : "=r"(sv.x), "=r"(sv.y), "=r"(sv.z), "=r"(sv.w)
@@ -255,7 +253,14 @@ struct Q4GmmaBlock {
     } else {
       asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(sv.x), "=r"(sv.y) : "r"(sa));
     }
-    q4_scales<ST>(sv, sc, bi);
+    return sv;
+  }
+
+  // This lane's rows' scales and biases (rows g and g+8 of the warp's tile) in stage `slot`.
+  __device__ __forceinline__ void load_scales(int slot, float (&sc)[2], float (&bi)[2]) const {
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+    const uint32_t sa = smem + slot * S::kBytes + S::kSOff + warp * S::kScaleBytes + g * 4 * S::kSB;
+    q4_scales<ST>(scale_vec(sa), sc, bi);
   }
 
   // The group's wgmmas (A from a, B from stage `slot`) into acc as one wgmma group, committed and
@@ -290,17 +295,9 @@ struct Q4GmmaBlock {
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) fence_operand(acc[i]);
     const uint32_t base = smem + slot * S::kBytes;
-    Q4ScaleVec<ST> sv;
     const uint32_t sa = base + S::kSOff + warp * S::kScaleBytes + g * 4 * S::kSB;
-    if constexpr (ST == kF32) {
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(sv.x), "=r"(sv.y), "=r"(sv.z), "=r"(sv.w)
-                   : "r"(sa));
-    } else {
-      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(sv.x), "=r"(sv.y) : "r"(sa));
-    }
     float sc[2], bi[2];
-    q4_scales<ST>(sv, sc, bi);
+    q4_scales<ST>(scale_vec(sa), sc, bi);
     const uint32_t xs = base + S::kSumOff + t * 8;
     // Every column block, rows past ncols included (their activations and sums read as zeros):
     // a branch here, while the next group's wgmmas run, made ptxas serialize the wgmmas.
