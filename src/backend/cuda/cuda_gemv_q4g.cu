@@ -2,6 +2,8 @@
 // chunks) on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a), groups of 64 or 128.
 // The arithmetic is cuda_gemv_q4.cu's (the weights' nibbles exact in F16, activations hi + lo,
 // scale and bias per group); the instructions that do it are fewer and asynchronous.
+// BatchPrecision::kFast (not for MoE chunks) trades that for F16 weights times the activations'
+// hi parts, accumulated across groups (Q4GmmaBlock).
 //
 // Why: the mma.sync kernel (cuda_gemv_q4w.cu) spent about 7 instructions per m16n8k16 mma (the
 // per-group FP32 epilogue, staging, unpacking) at two warps per scheduler, so it read the
