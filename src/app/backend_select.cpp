@@ -63,6 +63,12 @@ BackendHandle make_backend(const DeviceOptions& opt) {
         0, opt.prefill_precision == "fast" ? PrefillPrecision::kFast : PrefillPrecision::kExact,
         opt.l2_prefetch,
         opt.batch_precision == "fast" ? BatchPrecision::kFast : BatchPrecision::kExact);
+    if (opt.batch_precision == "fast" && !h.backend->precision_modes().batch_fast) {
+      std::fprintf(stderr,
+                   "note: --batch-precision fast needs a Hopper (sm_90) GPU; %s runs the exact "
+                   "kernels\n",
+                   h.backend->name().c_str());
+    }
     return h;
   }
 #else

@@ -149,9 +149,10 @@ void bench_command(BenchOptions o) {
   Backend& backend = prof ? static_cast<Backend&>(*prof) : *be.backend;
   BenchReport rep;
   rep.device = describe_device(*be.backend, be.pool->size());
-  if (!cpu && o.device.prefill_precision == "fast")
-    rep.device += ", prefill precision fast (one F16 pass per matmul)";
-  if (!cpu && o.device.batch_precision == "fast")
+  // The modes in effect, not the ones asked for (make_backend notes those the device lacks).
+  const PrecisionModes modes = be.backend->precision_modes();
+  if (modes.prefill_fast) rep.device += ", prefill precision fast (one F16 pass per matmul)";
+  if (modes.batch_fast)
     rep.device += ", batch precision fast (17-64-row 4-bit matmuls in one F16 pass)";
   if (!o.device.l2_prefetch) {
     if (cpu) {

@@ -236,6 +236,8 @@ void run_server(const ServeOptions& o) {
     sm.chat_template_source = lm.chat_template ? lm.chat_template->source() : "";
     sm.model_type = lm.model->config().model_type;
     sm.generation_config = server::load_generation_config(ms.path);
+    sm.device = be.backend->name();
+    sm.precision = be.backend->precision_modes();
     sm.stop_ids = stop_ids_for(sm.generation_config, *lm.model, *lm.tokenizer);
     server::compute_token_bytes(sm);
     served.push_back(std::move(sm));

@@ -226,10 +226,19 @@ struct StepShape {
   int max_context = 0;  // positions one sequence's block table covers (0: unknown)
 };
 
+// The reduced-precision modes a backend runs with. A mode asked for that this device cannot
+// run (fast batches need Hopper's wgmma) reads as off, so reports never claim it.
+struct PrecisionModes {
+  bool prefill_fast = false;  // `--prefill-precision fast`: one F16 / TF32 pass per prefill matmul
+  bool batch_fast = false;    // `--batch-precision fast`: 17-64-row 4-bit matmuls in one F16 pass
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // F32 everywhere unless a backend says otherwise.
+  virtual PrecisionModes precision_modes() const { return {}; }
 
   // ---- memory ----
   virtual void* alloc(size_t bytes) = 0;  // throws tokenmill::Error when it does not fit

@@ -34,6 +34,7 @@ class ProfilingBackend final : public Backend {
   std::string report() const;
 
   std::string name() const override { return in_.name(); }
+  PrecisionModes precision_modes() const override { return in_.precision_modes(); }
   int64_t free_memory_bytes() const override { return in_.free_memory_bytes(); }
   int64_t peak_allocated_bytes() const override { return in_.peak_allocated_bytes(); }
   int64_t allocation_count() const override { return in_.allocation_count(); }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "engine/request.h"
 #include "server/generation_config.h"
 #include "server/plan.h"
@@ -37,6 +38,8 @@ struct ServedModel {
   std::string model_type;                       // config.json model_type
   std::vector<int32_t> stop_ids;                // end-of-generation ids (eos, <|im_end|>)
   GenerationConfig generation_config;           // the directory's generation_config.json
+  std::string device;                           // the backend's name (Backend::name)
+  PrecisionModes precision;                     // the backend's modes in effect
   // Byte string of every token id (precomputed once; used by logprobs and JSON constraints).
   std::shared_ptr<const std::vector<std::string>> token_bytes;
   std::vector<uint8_t> token_special;             // 1 for special added tokens

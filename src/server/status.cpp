@@ -65,6 +65,7 @@ std::string status_json(const StatusInputs& in, const StatusSampler& sampler) {
     json j = {{"name", m.name},
               {"path", m.path},
               {"default", in.settings->find_model("") == ms},
+              {"device", m.device},
               {"max_context", s.max_context},
               {"sequences", {{"running", s.running}, {"queued", s.queued}}},
               {"memory",
@@ -98,6 +99,8 @@ std::string status_json(const StatusInputs& in, const StatusSampler& sampler) {
                        {"speculative", ms->speculative},
                        {"draft_depth", ms->speculative ? ms->draft_depth : 0},
                        {"kv_cache_dtype", kv_dtype_setting_name(s.kv_dtype)},
+                       {"prefill_precision", m.precision.prefill_fast ? "fast" : "exact"},
+                       {"batch_precision", m.precision.batch_fast ? "fast" : "exact"},
                        {"prefix_cache", in.settings->cache.prefix_cache},
                        {"pinned", ms->pinned},
                        // Defaults for requests that set none (settings over generation_config.json;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # API tests with the official clients (openai@4, @anthropic-ai/sdk) against a real
 # `tokenmill serve` of the bundled demo model: starts the server on a free port with an API key,
-# runs node's test runner over tests/api/*.test.mjs, stops the server.
+# runs node's test runner over tests/api/*.test.mjs, stops the server. It asks for
+# --batch-precision fast, which the CPU backend does not run: /api/status must report exact.
 #   tests/api/test_api.sh path/to/tokenmill [model-dir]
 set -euo pipefail
 bin="$(realpath "$1")"
@@ -14,7 +15,7 @@ source "$root/tools/daemon_lib.sh"
 daemon_start "$bin" "{\"server\": {\"keepalive_interval_ms\": 200, \"max_body_bytes\": 1048576},
  \"limits\": {\"max_seqs\": 16},
  \"models\": [{\"path\": \"$model\", \"name\": \"demo\", \"max_output_tokens\": 4096}]}" \
-  test-key --threads 2 --wait 120
+  test-key --threads 2 --batch-precision fast --wait 120
 
 export TM_API_URL="http://127.0.0.1:$daemon_port" TM_API_KEY=test-key TM_MODEL=demo
 cd "$root"

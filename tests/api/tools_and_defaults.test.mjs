@@ -142,6 +142,11 @@ test('status reports effective settings and generation_config.json defaults', as
   const m = (await status()).models.find((x) => x.name === MODEL);
   const s = m.settings;
   assert.equal(s.kv_cache_dtype, 'f32');  // "auto" resolved to what the engine stores
+  // The modes in effect: test_api.sh asks for --batch-precision fast, which the CPU backend
+  // (F32 throughout) does not run, so it must not be claimed.
+  assert.match(m.device, /^cpu \(/);
+  assert.equal(s.prefill_precision, 'exact');
+  assert.equal(s.batch_precision, 'exact');
   assert.equal(s.speculative, false);
   assert.equal(s.draft_depth, 0);
   assert.equal(s.prefix_cache, false);

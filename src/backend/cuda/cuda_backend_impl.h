@@ -196,6 +196,9 @@ class CudaBackend final : public Backend {
   bool supports_kv_dtype(DType dtype) const override {
     return dtype == DType::F32 || dtype == DType::BF16;
   }
+  PrecisionModes precision_modes() const override {
+    return {prefill_precision_ == PrefillPrecision::kFast, gemv_ws_.fast_gmma && gemv_ws_.wgmma};
+  }
   void kv_append(const KVLayerView& kv, const KVPaging& paging, const SeqLayout& seqs,
                  const float* k, const float* v) override;
   size_t attention_workspace_floats(int n_tokens, int heads, int head_dim,
