@@ -545,26 +545,38 @@ __global__ void __launch_bounds__(kPartsBlockThreads) delta_rule_parts_kernel(De
   }
 }
 
-// Decode: one token per sequence, k_dim == kRegDk, no per-token states. The parts kernel's
-// staging loops for 32 tokens held it at 165 registers, 3 blocks of 128 threads per
-// multiprocessor, while a 64-sequence step streams 400 MB of state through it; this one fits 6
-// (80 registers, no spills; 8 would spill 240 bytes). Here the state
-// column loads before the wait: the state was last written by this layer's previous step, and
-// every kernel before the one this launch depends on has completed once this one starts (each
-// waits before it lets its dependents launch).
-__global__ void __launch_bounds__(kPartsBlockThreads, 6) delta_rule_decode_kernel(DeltaArgs A) {
+// Decode: one token per sequence, k_dim == kRegDk, Dv % 4 == 0 and 16-byte aligned rows, no
+// per-token states. At 64 sequences a step streams 400 MB of state (read and written) through
+// this kernel: more than the weights. Block (s, h, z) owns columns [32z, 32z + 32) of the head's
+// state; thread (warp w, lane l) holds columns 32z + 4(l % 8) + [0, 4) of rows 16j + 4w + l / 8,
+// j < 8, in float4 registers, so each load or store of a warp is four whole 128-byte rows'
+// segments. The column-per-thread form issued 32 four-byte loads per thread, each warp's load
+// touching 32 bytes of four lines: 188 us a launch at 64 sequences on the H100 (2.07 TB/s), this
+// one 154 us (2.53 TB/s), level with a plain copy of the same blocks (PERFORMANCE.md, S53).
+// The column sums k . S[:,d] and q . S[:,d] add a thread's 8 rows in order, then the 4 row
+// groups of the warp (shuffles), then the 4 warps in order (shared memory). The state loads
+// before the wait: it was last written by this layer's previous step, and every kernel before
+// the one this launch depends on has completed once this one starts (each waits before it lets
+// its dependents launch). 64 registers, 8 blocks of 128 threads per multiprocessor.
+constexpr int kDecodeRowGroups = 16;  // row groups of a block: 4 warps x 4 per warp
+constexpr int kDecodeRows = kRegDk / kDecodeRowGroups;  // rows per thread (8)
+__global__ void __launch_bounds__(kPartsBlockThreads, 8) delta_rule_decode_kernel(DeltaArgs A) {
   __shared__ __align__(16) float qk[2 * kRegDk];  // q_t, k_t of the block's key head
-  const int s = blockIdx.x, h = blockIdx.y;
-  const int cols = blockDim.x / kParts, c0 = blockIdx.z * cols;
-  const int d = c0 + threadIdx.x / kParts, part = threadIdx.x % kParts;
+  __shared__ __align__(16) float4 red[2][kPartsBlockThreads / 32][8];  // per warp: kS, then o
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, cg = lane % 8;
+  const int rg = warp * 4 + lane / 8;  // row group: rows rg + kDecodeRowGroups * j
+  const int s = blockIdx.x, h = blockIdx.y, d = blockIdx.z * 32 + 4 * cg;  // first column
   const int Hv = A.st.v_heads, Hk = A.st.k_heads, Dv = A.st.v_dim;
-  const int kh = h / (Hv / Hk), i0 = part * kRowsPerPart;
-  const bool active = d < Dv;
-  float* S = A.st.ssm + (static_cast<int64_t>(A.slots[s]) * Hv + h) * kRegDk * Dv;
-  float col[kRowsPerPart];
+  const int kh = h / (Hv / Hk);
+  const bool active = d < Dv;  // all four columns (Dv % 4 == 0)
+  // The thread's first element: row rg, column d of the head's state.
+  float* S = A.st.ssm + (static_cast<int64_t>(A.slots[s]) * Hv + h) * kRegDk * Dv + d + rg * Dv;
+  const int row_step = kDecodeRowGroups * Dv;  // floats between a thread's rows
+  float4 c[kDecodeRows];
 #pragma unroll
-  for (int j = 0; j < kRowsPerPart; ++j) {
-    col[j] = active ? S[static_cast<int64_t>(i0 + j) * Dv + d] : 0.0f;
+  for (int j = 0; j < kDecodeRows; ++j) {
+    c[j] = active ? *reinterpret_cast<const float4*>(S + j * row_step)
+                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   pdl_begin();
   const int64_t t = A.seqs.cu_seqlens[s];
@@ -575,15 +587,52 @@ __global__ void __launch_bounds__(kPartsBlockThreads, 6) delta_rule_decode_kerne
     const float* src = threadIdx.x < kRegDk / 4 ? A.q : A.k;
     reinterpret_cast<float4*>(qk)[threadIdx.x] = reinterpret_cast<const float4*>(src + qk_at)[w];
   }
-  const int64_t v_stride = static_cast<int64_t>(Hv) * Dv;
+  const int64_t v_at = t * static_cast<int64_t>(Hv) * Dv + static_cast<int64_t>(h) * Dv + d;
   const float a = expf(A.g[t * Hv + h]), bt = A.beta[t * Hv + h];
-  const float vt = active ? A.v[t * v_stride + static_cast<int64_t>(h) * Dv + d] : 0.0f;
+  const float4 vt =
+      active ? *reinterpret_cast<const float4*>(A.v + v_at) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
-  const float o = delta_token_full(col, qk, qk + kRegDk, i0, a, bt, vt);
-  if (!active) return;
-  if (part == 0) A.out[t * v_stride + static_cast<int64_t>(h) * Dv + d] = o;
+  const auto block_sum = [&](float4 p, float4(&buf)[kPartsBlockThreads / 32][8]) {
 #pragma unroll
-  for (int j = 0; j < kRowsPerPart; ++j) S[static_cast<int64_t>(i0 + j) * Dv + d] = col[j];
+    for (int m = 8; m < 32; m *= 2) {
+      p.x += __shfl_xor_sync(0xffffffffu, p.x, m), p.y += __shfl_xor_sync(0xffffffffu, p.y, m);
+      p.z += __shfl_xor_sync(0xffffffffu, p.z, m), p.w += __shfl_xor_sync(0xffffffffu, p.w, m);
+    }
+    if (lane < 8) buf[warp][cg] = p;
+    __syncthreads();
+    float4 r = buf[0][cg];
+#pragma unroll
+    for (int w = 1; w < kPartsBlockThreads / 32; ++w) {
+      const float4 x = buf[w][cg];
+      r.x += x.x, r.y += x.y, r.z += x.z, r.w += x.w;
+    }
+    return r;
+  };
+  float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int j = 0; j < kDecodeRows; ++j) {
+    const float kj = qk[kRegDk + kDecodeRowGroups * j + rg];
+    c[j].x *= a, c[j].y *= a, c[j].z *= a, c[j].w *= a;
+    p.x += kj * c[j].x, p.y += kj * c[j].y, p.z += kj * c[j].z, p.w += kj * c[j].w;
+  }
+  const float4 ks = block_sum(p, red[0]);
+  const float4 dl =
+      make_float4(bt * (vt.x - ks.x), bt * (vt.y - ks.y), bt * (vt.z - ks.z), bt * (vt.w - ks.w));
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int j = 0; j < kDecodeRows; ++j) {
+    const float kj = qk[kRegDk + kDecodeRowGroups * j + rg], qj = qk[kDecodeRowGroups * j + rg];
+    c[j].x += kj * dl.x, c[j].y += kj * dl.y, c[j].z += kj * dl.z, c[j].w += kj * dl.w;
+    o.x += qj * c[j].x, o.y += qj * c[j].y, o.z += qj * c[j].z, o.w += qj * c[j].w;
+  }
+  if (active) {
+#pragma unroll
+    for (int j = 0; j < kDecodeRows; ++j) {
+      *reinterpret_cast<float4*>(S + j * row_step) = c[j];
+    }
+  }
+  o = block_sum(o, red[1]);
+  if (active && threadIdx.x < 8) *reinterpret_cast<float4*>(A.out + v_at) = o;
 }
 
 }  // namespace
@@ -656,8 +705,12 @@ void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs
     const size_t psmem = cuda::parts_smem_bytes(st.k_dim, pthreads / cuda::kParts);
     const bool full = st.k_dim == cuda::kRegDk && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(k) % 16 == 0;
-    if (full && seqs.max_seq_tokens == 1 && step_states == nullptr) {
-      cuda::launch_pdl(cuda::delta_rule_decode_kernel, pgrid, pthreads, 0, stream_, a);
+    const auto al16 = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (full && seqs.max_seq_tokens == 1 && step_states == nullptr && st.v_dim % 4 == 0 &&
+        al16(st.ssm) && al16(v) && al16(out)) {
+      const dim3 dgrid(grid.x, grid.y, static_cast<unsigned>((st.v_dim + 31) / 32));
+      cuda::launch_pdl(cuda::delta_rule_decode_kernel, dgrid, cuda::kPartsBlockThreads, 0, stream_,
+                       a);
     } else if (full) {
       cuda::launch_pdl(cuda::delta_rule_parts_kernel<true>, pgrid, pthreads, psmem, stream_, a);
     } else {

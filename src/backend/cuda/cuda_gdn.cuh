@@ -1,5 +1,5 @@
 // Internal to backend/cuda (.cu files): the recurrent delta rule's per-column update, shared by
-// the decode kernels of cuda_gdn.cu and cuda_gdn_decode.cu.
+// delta_rule_parts_kernel (cuda_gdn.cu) and the one-sequence decode mixer (cuda_gdn_decode.cu).
 #pragma once
 
 #include <cuda_runtime.h>

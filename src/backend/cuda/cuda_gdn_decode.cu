@@ -6,7 +6,7 @@
 // microseconds of work.
 //
 // kColBlocks blocks per (sequence s, value head h); block z holds state columns [32z, 32z + 32)
-// as delta_rule_decode_kernel does (thread j: rows [i0, i0 + 32) of column 32z + j / 4,
+// as delta_rule_parts_kernel does (thread j: rows [i0, i0 + 32) of column 32z + j / 4,
 // cuda_gdn.cuh), so a head's 64 KB of state loads over four multiprocessors. A cluster holds the
 // 4r blocks of one key head kh (its r = v_heads / k_heads value heads): every block computes the
 // q and k of kh (thread j: q and k channel j; the conv is 4 FMAs a channel) and its own 32 value

@@ -38,6 +38,21 @@ using test::Rng;
     }                                                                                  \
   } while (0)
 
+// x [n, w.cols] (host) through backend b's linear on the device (w uploaded to b): returns
+// [n, w.rows] on the host; the device buffers are freed.
+inline std::vector<float> device_linear(Backend& b, const std::vector<float>& x, int64_t n,
+                                        const Weight& w) {
+  std::vector<float> got(static_cast<size_t>(n * w.rows));
+  auto* dx = static_cast<float*>(b.alloc(x.size() * sizeof(float)));
+  auto* dout = static_cast<float*>(b.alloc(got.size() * sizeof(float)));
+  b.upload(dx, x.data(), x.size() * sizeof(float));
+  b.linear(dx, n, w, dout);
+  b.download(got.data(), dout, got.size() * sizeof(float));
+  b.free(dx);
+  b.free(dout);
+  return got;
+}
+
 class CudaVsCpu : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -407,8 +407,9 @@ TEST_F(CudaGdn, DeltaRuleContinuesStateWithStepStates) {
   struct Dims {
     int Dk, Dv;
   };
-  // Dk <= 128 keeps state columns in registers; 160 takes the in-memory path. A call of one
-  // token per sequence at Dk = 128 takes the decode kernel (Dv 48: a partial column block).
+  // Dk <= 128 keeps state columns in registers; 160 takes the in-memory path. A call of at most
+  // one token per sequence at Dk = 128 takes the decode kernel (Dv 48: a partial column block;
+  // the last call: a sequence with no token, whose state stays as it is).
   for (Dims dm : {Dims{16, 32}, Dims{128, 128}, Dims{128, 48}, Dims{160, 48}}) {
     const int Hk = 2, Hv = 4, slots_n = 4;
     GDNStateView st{};
@@ -422,7 +423,8 @@ TEST_F(CudaGdn, DeltaRuleContinuesStateWithStepStates) {
     float* dssm = up(ssm);
     int call = 0;
     for (const std::vector<int>& lens :
-         {std::vector<int>{1, 9, 70}, std::vector<int>{2, 1, 5}, std::vector<int>{1, 1, 1}}) {
+         {std::vector<int>{1, 9, 70}, std::vector<int>{2, 1, 5}, std::vector<int>{1, 1, 1},
+          std::vector<int>{1, 0, 1}}) {
       std::vector<int32_t> cu = {0};
       for (int l : lens) cu.push_back(cu.back() + l);
       const int T = cu.back();

@@ -625,15 +625,9 @@ TEST_F(CudaLinear, FastPrefillPrecisionIsOnePass) {
     const Weight dw = fast->upload_weight(hw.w);
     for (int64_t n : {4, 100}) {
       std::vector<float> x = rng.normals(static_cast<size_t>(n * hw.w.cols));
-      std::vector<float> want(static_cast<size_t>(n * hw.w.rows)), got(want.size());
+      std::vector<float> want(static_cast<size_t>(n * hw.w.rows));
       cpu->linear(x.data(), n, hw.w, want.data());
-      auto* dx = static_cast<float*>(fast->alloc(x.size() * sizeof(float)));
-      auto* dout = static_cast<float*>(fast->alloc(want.size() * sizeof(float)));
-      fast->upload(dx, x.data(), x.size() * sizeof(float));
-      fast->linear(dx, n, dw, dout);
-      fast->download(got.data(), dout, got.size() * sizeof(float));
-      fast->free(dx);
-      fast->free(dout);
+      const std::vector<float> got = device_linear(*fast, x, n, dw);
       double ss = 0, worst = 0;
       for (float w : want) ss += double{w} * w;
       const double rms = std::sqrt(ss / static_cast<double>(want.size()));

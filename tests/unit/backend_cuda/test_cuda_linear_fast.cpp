@@ -90,15 +90,9 @@ TEST_F(CudaLinearFast, BatchPrecisionFastIsTheF16Product) {
       const Weight dw = fast->upload_weight(hw.w);
       for (int64_t n : {16, 17, 40, 64}) {
         const std::vector<float> x = rng.normals(static_cast<size_t>(n * hw.w.cols));
-        std::vector<float> exact(static_cast<size_t>(n * hw.w.rows)), got(exact.size());
+        std::vector<float> exact(static_cast<size_t>(n * hw.w.rows));
         cpu->linear(x.data(), n, hw.w, exact.data());
-        auto* dx = static_cast<float*>(fast->alloc(x.size() * sizeof(float)));
-        auto* dout = static_cast<float*>(fast->alloc(got.size() * sizeof(float)));
-        fast->upload(dx, x.data(), x.size() * sizeof(float));
-        fast->linear(dx, n, dw, dout);
-        fast->download(got.data(), dout, got.size() * sizeof(float));
-        fast->free(dx);
-        fast->free(dout);
+        const std::vector<float> got = device_linear(*fast, x, n, dw);
         const std::string what = "group " + std::to_string(group) + " scales " + dtype_name(sd) +
                                  " n=" + std::to_string(n);
         const double off_exact = off_by_rms(got, exact);
