@@ -422,9 +422,8 @@ TEST_F(CudaGdn, DeltaRuleContinuesStateWithStepStates) {
     const std::vector<int32_t> slots = {1, 3, 0};
     float* dssm = up(ssm);
     int call = 0;
-    for (const std::vector<int>& lens :
-         {std::vector<int>{1, 9, 70}, std::vector<int>{2, 1, 5}, std::vector<int>{1, 1, 1},
-          std::vector<int>{1, 0, 1}}) {
+    for (const std::vector<int>& lens : {std::vector<int>{1, 9, 70}, std::vector<int>{2, 1, 5},
+                                         std::vector<int>{1, 1, 1}, std::vector<int>{1, 0, 1}}) {
       std::vector<int32_t> cu = {0};
       for (int l : lens) cu.push_back(cu.back() + l);
       const int T = cu.back();
