@@ -547,28 +547,38 @@ __global__ void __launch_bounds__(kPartsBlockThreads) delta_rule_parts_kernel(De
 
 // Decode: one token per sequence, k_dim == kRegDk, Dv % 4 == 0 and 16-byte aligned rows, no
 // per-token states. At 64 sequences a step streams 400 MB of state (read and written) through
-// this kernel: more than the weights. Block (s, h, z) owns columns [32z, 32z + 32) of the head's
-// state; thread (warp w, lane l) holds columns 32z + 4(l % 8) + [0, 4) of rows 16j + 4w + l / 8,
-// j < 8, in float4 registers, so each load or store of a warp is four whole 128-byte rows'
-// segments. The column-per-thread form issued 32 four-byte loads per thread, each warp's load
-// touching 32 bytes of four lines: 188 us a launch at 64 sequences on the H100 (2.07 TB/s), this
-// one 154 us (2.53 TB/s), level with a plain copy of the same blocks (PERFORMANCE.md, S53).
-// The column sums k . S[:,d] and q . S[:,d] add a thread's 8 rows in order, then the 4 row
-// groups of the warp (shuffles), then the 4 warps in order (shared memory). The state loads
-// before the wait: it was last written by this layer's previous step, and every kernel before
-// the one this launch depends on has completed once this one starts (each waits before it lets
-// its dependents launch). 64 registers, 8 blocks of 128 threads per multiprocessor.
-constexpr int kDecodeRowGroups = 16;  // row groups of a block: 4 warps x 4 per warp
+// this kernel: more than the weights. A thread holds 4 columns of 8 rows (rows rg + 16j, j < 8)
+// in float4 registers; the block's 16 row groups rg cover the head's 128 rows. kCols = 128 (Dv
+// == 128): a block per head, warp w is row group w and its lanes one whole 512-byte row, so the
+// block's 16 warps load and store 16 consecutive rows (8 KB) at a time. kCols = 32 (other Dv):
+// block z owns columns [32z, 32z + 32), a warp four row groups of 128-byte segments. At 64
+// sequences on the H100 (PERFORMANCE.md, S53): 144 us a launch (2.79 TB/s, a flat copy of the
+// state 143 us) for kCols = 128, 156 us for kCols = 32, 184-188 us for the column-per-thread
+// form (32 four-byte loads a thread, each warp's load 32 bytes of four lines), which
+// delta_rule_parts_kernel keeps. The column sums k . S[:,d] and q . S[:,d] add a thread's 8 rows
+// in order, then the row groups of the warp (shuffles, kCols = 32), then the warps in order
+// (shared memory). The state loads before the wait: it was last written by this layer's
+// previous step, and every kernel before the one this launch depends on has completed once this
+// one starts (each waits before it lets its dependents launch). 64 registers, no spills: 2
+// blocks of 512 or 8 of 128 threads per multiprocessor.
+constexpr int kDecodeRowGroups = 16;                    // row groups of a block
 constexpr int kDecodeRows = kRegDk / kDecodeRowGroups;  // rows per thread (8)
-__global__ void __launch_bounds__(kPartsBlockThreads, 8) delta_rule_decode_kernel(DeltaArgs A) {
-  __shared__ __align__(16) float qk[2 * kRegDk];  // q_t, k_t of the block's key head
-  __shared__ __align__(16) float4 red[2][kPartsBlockThreads / 32][8];  // per warp: kS, then o
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, cg = lane % 8;
-  const int rg = warp * 4 + lane / 8;  // row group: rows rg + kDecodeRowGroups * j
-  const int s = blockIdx.x, h = blockIdx.y, d = blockIdx.z * 32 + 4 * cg;  // first column
-  const int Hv = A.st.v_heads, Hk = A.st.k_heads, Dv = A.st.v_dim;
+template <int kCols>  // columns per block: 32 (128 threads) or 128 (512 threads)
+__global__ void __launch_bounds__(4 * kCols, 1024 / (4 * kCols))
+    delta_rule_decode_kernel(DeltaArgs A) {
+  constexpr int kRowLanes = kCols / 4;                    // lanes sharing a row (4 columns each)
+  constexpr int kWarps = 4 * kCols / 32;                  // 4 or 16
+  constexpr int kWarpGroups = kDecodeRowGroups / kWarps;  // row groups per warp: 4 or 1
+  __shared__ __align__(16) float qk[2 * kRegDk];          // q_t, k_t of the block's key head
+  __shared__ __align__(16) float4 red[2][kWarps][kRowLanes];  // per warp: kS, then o
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, cg = lane % kRowLanes;
+  const int rg = warp * kWarpGroups + lane / kRowLanes;  // rows rg + kDecodeRowGroups * j
+  const int s = blockIdx.x, h = blockIdx.y, d = blockIdx.z * kCols + 4 * cg;  // first column
+  const int Hv = A.st.v_heads, Hk = A.st.k_heads;
+  const int Dv = kCols == kRegDk ? kRegDk : A.st.v_dim;  // constant offsets for a whole head
   const int kh = h / (Hv / Hk);
-  const bool active = d < Dv;  // all four columns (Dv % 4 == 0)
+  // All four columns (Dv % 4 == 0); a whole head a block only where Dv == kCols.
+  const bool active = kCols == kRegDk || d < Dv;
   // The thread's first element: row rg, column d of the head's state.
   float* S = A.st.ssm + (static_cast<int64_t>(A.slots[s]) * Hv + h) * kRegDk * Dv + d + rg * Dv;
   const int row_step = kDecodeRowGroups * Dv;  // floats between a thread's rows
@@ -587,22 +597,23 @@ __global__ void __launch_bounds__(kPartsBlockThreads, 8) delta_rule_decode_kerne
     const float* src = threadIdx.x < kRegDk / 4 ? A.q : A.k;
     reinterpret_cast<float4*>(qk)[threadIdx.x] = reinterpret_cast<const float4*>(src + qk_at)[w];
   }
-  const int64_t v_at = t * static_cast<int64_t>(Hv) * Dv + static_cast<int64_t>(h) * Dv + d;
+  const int64_t v_at = (t * Hv + h) * Dv + d;  // v_t and o_t: [tokens, Hv, Dv]
   const float a = expf(A.g[t * Hv + h]), bt = A.beta[t * Hv + h];
   const float4 vt =
       active ? *reinterpret_cast<const float4*>(A.v + v_at) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float* const out = A.out + v_at;
   __syncthreads();
-  const auto block_sum = [&](float4 p, float4(&buf)[kPartsBlockThreads / 32][8]) {
+  const auto block_sum = [&](float4 p, float4(&buf)[kWarps][kRowLanes]) {
 #pragma unroll
-    for (int m = 8; m < 32; m *= 2) {
+    for (int m = kRowLanes; m < 32; m *= 2) {
       p.x += __shfl_xor_sync(0xffffffffu, p.x, m), p.y += __shfl_xor_sync(0xffffffffu, p.y, m);
       p.z += __shfl_xor_sync(0xffffffffu, p.z, m), p.w += __shfl_xor_sync(0xffffffffu, p.w, m);
     }
-    if (lane < 8) buf[warp][cg] = p;
+    if (lane < kRowLanes) buf[warp][cg] = p;
     __syncthreads();
     float4 r = buf[0][cg];
 #pragma unroll
-    for (int w = 1; w < kPartsBlockThreads / 32; ++w) {
+    for (int w = 1; w < kWarps; ++w) {
       const float4 x = buf[w][cg];
       r.x += x.x, r.y += x.y, r.z += x.z, r.w += x.w;
     }
@@ -632,7 +643,7 @@ __global__ void __launch_bounds__(kPartsBlockThreads, 8) delta_rule_decode_kerne
     }
   }
   o = block_sum(o, red[1]);
-  if (active && threadIdx.x < 8) *reinterpret_cast<float4*>(A.out + v_at) = o;
+  if (active && threadIdx.x < kRowLanes) *reinterpret_cast<float4*>(out) = o;
 }
 
 }  // namespace
@@ -708,9 +719,12 @@ void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs
     const auto al16 = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     if (full && seqs.max_seq_tokens == 1 && step_states == nullptr && st.v_dim % 4 == 0 &&
         al16(st.ssm) && al16(v) && al16(out)) {
-      const dim3 dgrid(grid.x, grid.y, static_cast<unsigned>((st.v_dim + 31) / 32));
-      cuda::launch_pdl(cuda::delta_rule_decode_kernel, dgrid, cuda::kPartsBlockThreads, 0, stream_,
-                       a);
+      if (st.v_dim == cuda::kRegDk) {  // a whole head a block
+        cuda::launch_pdl(cuda::delta_rule_decode_kernel<128>, grid, 512, 0, stream_, a);
+      } else {
+        const dim3 dgrid(grid.x, grid.y, static_cast<unsigned>((st.v_dim + 31) / 32));
+        cuda::launch_pdl(cuda::delta_rule_decode_kernel<32>, dgrid, 128, 0, stream_, a);
+      }
     } else if (full) {
       cuda::launch_pdl(cuda::delta_rule_parts_kernel<true>, pgrid, pthreads, psmem, stream_, a);
     } else {
