@@ -213,13 +213,11 @@ TEST_F(CudaLinear, MultiMatchesSeparateLinears) {
   }
 }
 
-// The 4-bit tensor-core GEMV scales each activation row into F16 range: rows of very different
-// magnitudes (1e4 and 1e-6) and rows with one large outlier must keep F32-level accuracy, at a
-// real model width (5120) and every group size.
 // The norm that starts a block and its projections: for 1-4 rows the norm's kernel prepares the
 // 4-bit matrices of the first one's group size (here 64: two of them, one launch), the rest (a
-// bf16 matrix and a 4-bit one of group 32) read h; more rows take the default. x, h and every
-// output against the CPU's add_rmsnorm (or rmsnorm) then linear.
+// bf16 matrix and a 4-bit one of group 32) read h; more rows take the default (the norm, then
+// the projections: 17-64 rows in the wide 4-bit kernels). x, h and every output against the
+// CPU's add_rmsnorm (or rmsnorm) then linear.
 TEST_F(CudaLinear, RmsnormLinearMultiMatchesCpu) {
   Rng rng(9);
   const int64_t H = 512;
@@ -233,7 +231,7 @@ TEST_F(CudaLinear, RmsnormLinearMultiMatchesCpu) {
   for (const HostWeight& hw : set) dws.push_back(gpu->upload_weight(hw.w));
   const std::vector<float> norm_w = rng.normals(static_cast<size_t>(H));
   for (bool residual : {false, true}) {
-    for (int64_t n : {1, 3, 4, 6}) {
+    for (int64_t n : {1, 3, 4, 6, 17, 40, 64}) {
       const std::string what = std::string(residual ? "add" : "plain") + " n=" + std::to_string(n);
       std::vector<float> x = rng.normals(static_cast<size_t>(n * H), 3.0f),
                          y = rng.normals(static_cast<size_t>(n * H));
@@ -309,8 +307,9 @@ TEST_F(CudaLinear, SiluMulLinearMatchesCpu) {
   rebind(ws);
   for (size_t wi = 0; wi < ws.size(); ++wi) {
     const Weight dw = gpu->upload_weight(ws[wi].w);
-    // 100 rows: the prefill GEMM, the gate applied in the pass that finds its scale.
-    for (int64_t n : {1, 2, 4, 5, 17, 100}) {
+    // 64 rows: the widest 4-bit GEMV; 100 rows: the prefill GEMM, the gate applied in the pass
+    // that finds its scale.
+    for (int64_t n : {1, 2, 4, 5, 17, 64, 100}) {
       const std::vector<float> gate = rng.normals(static_cast<size_t>(n * I), 2.0f),
                                upv = rng.normals(static_cast<size_t>(n * I));
       std::vector<float> act(gate.size()), want(static_cast<size_t>(n * H));
@@ -332,6 +331,9 @@ TEST_F(CudaLinear, SiluMulLinearMatchesCpu) {
   }
 }
 
+// The 4-bit tensor-core GEMV scales each activation row into F16 range: rows of very different
+// magnitudes (1e4 and 1e-6) and rows with one large outlier must keep F32-level accuracy, at a
+// real model width (5120) and every group size.
 TEST_F(CudaLinear, Q4DecodeKeepsF32AccuracyOverWideRanges) {
   Rng rng(7);
   for (int group : {32, 64, 128}) {
