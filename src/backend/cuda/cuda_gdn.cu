@@ -714,9 +714,8 @@ void CudaBackend::gated_delta_rule(const GDNStateView& st, const SeqLayout& seqs
     const int col_blocks = (st.v_dim * cuda::kParts + pthreads - 1) / pthreads;
     const dim3 pgrid(grid.x, grid.y, static_cast<unsigned>(col_blocks));
     const size_t psmem = cuda::parts_smem_bytes(st.k_dim, pthreads / cuda::kParts);
-    const bool full = st.k_dim == cuda::kRegDk && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(k) % 16 == 0;
     const auto al16 = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const bool full = st.k_dim == cuda::kRegDk && al16(q) && al16(k);
     if (full && seqs.max_seq_tokens == 1 && step_states == nullptr && st.v_dim % 4 == 0 &&
         al16(st.ssm) && al16(v) && al16(out)) {
       if (st.v_dim == cuda::kRegDk) {  // a whole head a block
