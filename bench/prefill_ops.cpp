@@ -6,7 +6,9 @@
 // FLOP per query row and key it sees); for the front, its channel rows' bytes in and out. The
 // kernels a backend picks follow its precision (`--prefill-precision fast` on CUDA), so the two
 // runs of one build compare the forms. Inputs are random (cache and queries filled on the
-// device; the delta rule's gates drawn on the host inside their ranges). Not a test.
+// device; the delta rule's gates drawn on the host inside their ranges). With --tokens 1 the
+// delta rule is a decode step's (`--tokens 1 --seqs 64`: the 64-sequence step's state traffic,
+// docs/PERFORMANCE.md S53). Not a test.
 //
 //   tm_bench_prefill_ops [--device cpu|cuda|auto] [--prefill-precision exact|fast]
 //                        [--preset NAME] [--tokens N] [--prefix P] [--seqs S] [--reps R]
@@ -175,8 +177,11 @@ int main(int argc, char** argv) {
     const double ms = best_ms(be, reps, [&] {
       be.gated_delta_rule(st, layout, dslots, q, k, v, dg, dbeta, out, nullptr);
     });
-    std::printf("delta rule  %2d/%d heads of %d: %9.3f ms  %8.1f k rows/s\n", st.v_heads,
-                st.k_heads, st.k_dim, ms, T / ms);
+    // The F32 state of every (sequence, head) is read and written once per call: at one token a
+    // sequence (--tokens 1, the decode kernel on CUDA) those bytes are the call's cost.
+    const double state_bytes = 2.0 * static_cast<double>(seqs) * state * sizeof(float);
+    std::printf("delta rule  %2d/%d heads of %d: %9.3f ms  %8.1f k rows/s  %7.1f GB/s of state\n",
+                st.v_heads, st.k_heads, st.k_dim, ms, T / ms, state_bytes / ms / 1e6);
 
     // The front before it: the conv over the input projection's q, k and v channels, SiLU, the
     // q/k l2norms and the gates; it moves the channels' rows in and out once (F32).
