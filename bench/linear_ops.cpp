@@ -8,7 +8,8 @@
 // (recorded once and replayed where the backend records, so launch costs are the device's, not
 // the host's), and a least-squares line: fixed microseconds per call + bytes at a marginal rate.
 //
-//   tm_bench_linear_ops [--device cpu|cuda|auto] [--reps N]
+//   tm_bench_linear_ops [--device cpu|cuda|auto] [--reps N] [--formats bf16,q4g64,q8g64]
+//                       [--rows 1,4,16,64] [--no-sweep]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -150,8 +151,20 @@ int main(int argc, char** argv) {
   CLI::App app{"Decode matmul bandwidth of a backend"};
   app::DeviceOptions dev;
   int reps = 5;
+  std::vector<std::string> formats{"bf16", "q4g64", "q8g64"};
+  std::vector<int64_t> row_counts{1, 4, 16, 64};
+  bool no_sweep = false;
   app::add_device_options(app, dev);
   app.add_option("--reps", reps, "Timed passes (best is reported)")->capture_default_str();
+  app.add_option("--formats", formats, "Weight formats to time")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"bf16", "q4g64", "q8g64"}))
+      ->capture_default_str();
+  app.add_option("--rows", row_counts, "Activation row counts to time")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{64}))
+      ->capture_default_str();
+  app.add_flag("--no-sweep", no_sweep, "Skip the 1-row 4-bit size sweep");
   CLI11_PARSE(app, argc, argv);
 
   app::BackendHandle h = app::make_backend(dev);
@@ -160,25 +173,27 @@ int main(int argc, char** argv) {
   std::printf("%s\nread bandwidth (read_probe): %.1f GB/s\n\n", be.name().c_str(), bw);
 
   const int64_t H = 5120, I = 17408;  // the 27B shape: MLP up (I x H) and down (H x I)
-  constexpr int64_t kMaxN = 64;
+  constexpr int64_t kMaxN = 64;       // --rows is checked against it
   void* x = be.alloc(static_cast<size_t>(kMaxN * I) * 4);
   void* out = be.alloc(static_cast<size_t>(kMaxN * I) * 4 * 3);
   be.fill_random(x, DType::F32, kMaxN * I, 1.0f, 1);
   std::printf("%-8s %-14s %6s %10s %8s\n", "format", "shape", "rows", "GB/s", "% bw");
   for (const Format& f : {Format{"bf16", 0}, Format{"q4g64", 4}, Format{"q8g64", 8}}) {
+    if (std::find(formats.begin(), formats.end(), f.name) == formats.end()) continue;
     for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{I, H}, {H, I}}) {
       std::vector<void*> owned;
       const double bytes = f.bits ? rows * cols * (f.bits / 8.0 + 4.0 / 64) : rows * cols * 2.0;
       const int copies = static_cast<int>(std::max(2.0, 512e6 / bytes));
       std::vector<Weight> ws = make_weights(be, f, rows, cols, copies, owned);
-      for (int64_t n : {int64_t{1}, int64_t{4}, int64_t{16}, kMaxN}) {
+      for (int64_t n : row_counts) {
         const double gbs =
             time_linear(be, ws, static_cast<const float*>(x), n, static_cast<float*>(out), reps);
         std::printf("%-8s %6lldx%-7lld %6lld %10.1f %7.1f%%\n", f.name,
                     static_cast<long long>(rows), static_cast<long long>(cols),
                     static_cast<long long>(n), gbs, 100.0 * gbs / bw);
       }
-      if (rows == I) {  // gate and up of one layer in one call, as the model runs them
+      // gate and up of one layer in one call at 1 row, as the model runs them
+      if (rows == I && std::find(row_counts.begin(), row_counts.end(), 1) != row_counts.end()) {
         double best = 0;
         for (int r = 0; r < reps + 1; ++r) {
           be.synchronize();
@@ -200,7 +215,7 @@ int main(int argc, char** argv) {
       for (void* p : owned) be.free(p);
     }
   }
-  size_sweep(be, static_cast<const float*>(x), static_cast<float*>(out), bw, reps);
+  if (!no_sweep) size_sweep(be, static_cast<const float*>(x), static_cast<float*>(out), bw, reps);
   be.free(x);
   be.free(out);
   return 0;
