@@ -29,6 +29,7 @@ struct Format {
   const char* name;
   int bits;  // 0 = bf16
 };
+constexpr Format kFormats[] = {{"bf16", 0}, {"q4g64", 4}, {"q8g64", 8}};
 
 // `copies` device matrices of one shape and format, filled with random values.
 std::vector<Weight> make_weights(Backend& be, const Format& f, int64_t rows, int64_t cols,
@@ -151,14 +152,15 @@ int main(int argc, char** argv) {
   CLI::App app{"Decode matmul bandwidth of a backend"};
   app::DeviceOptions dev;
   int reps = 5;
-  std::vector<std::string> formats{"bf16", "q4g64", "q8g64"};
+  std::vector<std::string> formats;
+  for (const Format& f : kFormats) formats.emplace_back(f.name);
   std::vector<int64_t> row_counts{1, 4, 16, 64};
   bool no_sweep = false;
   app::add_device_options(app, dev);
   app.add_option("--reps", reps, "Timed passes (best is reported)")->capture_default_str();
   app.add_option("--formats", formats, "Weight formats to time")
       ->delimiter(',')
-      ->check(CLI::IsMember({"bf16", "q4g64", "q8g64"}))
+      ->check(CLI::IsMember(std::vector<std::string>(formats)))
       ->capture_default_str();
   app.add_option("--rows", row_counts, "Activation row counts to time")
       ->delimiter(',')
@@ -178,7 +180,7 @@ int main(int argc, char** argv) {
   void* out = be.alloc(static_cast<size_t>(kMaxN * I) * 4 * 3);
   be.fill_random(x, DType::F32, kMaxN * I, 1.0f, 1);
   std::printf("%-8s %-14s %6s %10s %8s\n", "format", "shape", "rows", "GB/s", "% bw");
-  for (const Format& f : {Format{"bf16", 0}, Format{"q4g64", 4}, Format{"q8g64", 8}}) {
+  for (const Format& f : kFormats) {
     if (std::find(formats.begin(), formats.end(), f.name) == formats.end()) continue;
     for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{I, H}, {H, I}}) {
       std::vector<void*> owned;
