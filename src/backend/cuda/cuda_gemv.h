@@ -285,6 +285,9 @@ void launch_q4g_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
                      const GemvWorkspace& ws);
 void launch_q4g_gemv_chunks(cudaStream_t st, GemvJobs jobs, const Q4Act& act, const int32_t* chunks,
                             int64_t n_chunks, const GemvWorkspace& ws);
+// Its fast pass (ws.fast_gmma) at groups of 64 in registers (cuda_gemv_q4f.cu): 17..64 rows.
+void launch_q4f_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
+                     const GemvWorkspace& ws);
 
 // The digit kernels (cuda_gemv_q4d.cu), called by the two above with checked arguments.
 void launch_q4d_prepare_kernel(cudaStream_t st, const float* x, const float* up, bool sigmoid_gate,

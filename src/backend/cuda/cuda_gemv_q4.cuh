@@ -3,6 +3,7 @@
 // GEMVs read of the tile layout (see "The tile layout" in cuda_q4_pack.cu).
 #pragma once
 
+#include <cuda.h>
 #include <cuda_fp16.h>
 
 #include <cfloat>
@@ -80,6 +81,11 @@ __device__ __forceinline__ void q4d_store_word(const float (&v)[8], bool live, i
   if (j % wpg == 0) reinterpret_cast<float2*>(act.sums)[c * (K / group) + j / wpg] = w.sums;
 }
 
+// The activations prepared in gmma order (Q4Operands::kF16Gmma) as a 2-D tensor of [rows, 2K]
+// halves for the copy engine: boxes of 64 halves (128 bytes) x n_box rows, 128-byte swizzled,
+// rows past the end read as zeros (cuda_gemv_q4g.cu).
+CUtensorMap q4_act_tensor_map(const Q4Act& act, int n_box, const GemvWorkspace& ws);
+
 // Where tile t lives: slot (MoE) or activation columns, job, first row, and the matrix.
 struct Q4Tile {
   DevMat m;
@@ -149,6 +155,50 @@ __device__ __forceinline__ void q4_unpack_word(uint32_t w, uint32_t (&e)[4]) {
   e[3] = q4_minus_1024((h & 0x00F000F0u) | 0x64006400u);
 }
 
+// The wgmma / m16n8k16 A fragments of one group from a lane's words (row g's W words, then row
+// g + 8's): k-step 2w + p is {row g e[2p], row g+8 e[2p], row g e[2p+1], row g+8 e[2p+1]} of
+// word w (e: q4_unpack_word's integers).
+template <int W>
+__device__ __forceinline__ void q4_fragments(const uint32_t (&words)[2 * W],
+                                             uint32_t (&a)[2 * W][4]) {
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    uint32_t ea[4], eb[4];
+    q4_unpack_word(words[w], ea);
+    q4_unpack_word(words[W + w], eb);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      a[2 * w + p][0] = ea[2 * p];
+      a[2 * w + p][1] = eb[2 * p];
+      a[2 * w + p][2] = ea[2 * p + 1];
+      a[2 * w + p][3] = eb[2 * p + 1];
+    }
+  }
+}
+
+// BatchPrecision::kFast: q4_fragments' integers become the weights, digit * scale + bias in F16
+// (rows g and g + 8: sc[h], bi[h]). Register i of a fragment is row g + 8 (i & 1)'s; registers 2
+// and 3 hold 16 * digit (the activations they meet are a sixteenth of theirs), so their bias is
+// 16 * bias: each becomes 16 * (digit * scale + bias), which rounds as digit * scale + bias does.
+template <int KS>
+__device__ __forceinline__ void q4_fast_weights(uint32_t (&a)[KS][4], const float (&sc)[2],
+                                                const float (&bi)[2]) {
+  uint32_t s2[2], b2[2][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(s2[h]) : "f"(sc[h]));
+    asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(b2[0][h]) : "f"(bi[h]));
+    asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(b2[1][h]) : "f"(16.0f * bi[h]));
+  }
+#pragma unroll
+  for (int k = 0; k < KS; ++k) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      asm("fma.rn.f16x2 %0, %0, %1, %2;" : "+r"(a[k][i]) : "r"(s2[i & 1]), "r"(b2[i >> 1][i & 1]));
+    }
+  }
+}
+
 // A lane's scales and biases of one (tile, group) block: rows g and g+8, one 8-byte load (F32:
 // 16 bytes).
 template <int ST>
@@ -167,6 +217,28 @@ __device__ __forceinline__ void q4_scales(const Q4ScaleVec<ST>& v, float (&sc)[2
     const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
     const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
     sc[0] = a.x, bi[0] = a.y, sc[1] = c.x, bi[1] = c.y;
+  }
+}
+
+// A warp's 16-row tile of a wgmma GEMV's output (acc[4j + 2h + e]: weight row g + 8h of tile
+// `warp` of q's block tile, activation row 8j + 2t + e), times the rows' scales colscale[c].
+template <int N>
+__device__ __forceinline__ void q4_store_tile(const Q4Tile& q, const float (&acc)[N / 2],
+                                              const float* colscale, int warp) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c = 8 * j + 2 * t + e;  // activation row
+      if (c >= q.ncols) continue;
+      const float scale = colscale[c];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = q.r0 + 16 * warp + g + 8 * h;
+        if (r < q.m.rows) q.out[c * q.m.rows + r] = acc[4 * j + 2 * h + e] * scale;
+      }
+    }
   }
 }
 

@@ -42,6 +42,11 @@
 #include "backend/cuda/cuda_gemv_q4.cuh"
 #include "backend/cuda/cuda_wgmma.cuh"
 
+// 1: fast passes at groups of 64 take cuda_gemv_q4f.cu's register-fed kernel (off until measured).
+#ifndef TM_Q4F
+#define TM_Q4F 0
+#endif
+
 namespace tokenmill::cuda {
 namespace {
 
@@ -205,43 +210,11 @@ struct Q4GmmaBlock {
                      "=r"(words[4 * q + 3])
                    : "r"(wa + 16 * q));
     }
-    // A of k-step 2w + p: {row g e[2p], row g+8 e[2p], row g e[2p+1], row g+8 e[2p+1]} of
-    // word w (the m16n8k16 A fragment, as in the mma.sync kernels).
-#pragma unroll
-    for (int w = 0; w < S::W; ++w) {
-      uint32_t ea[4], eb[4];
-      q4_unpack_word(words[w], ea);
-      q4_unpack_word(words[S::W + w], eb);
-#pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        a[2 * w + p][0] = ea[2 * p];
-        a[2 * w + p][1] = eb[2 * p];
-        a[2 * w + p][2] = ea[2 * p + 1];
-        a[2 * w + p][3] = eb[2 * p + 1];
-      }
-    }
+    q4_fragments<S::W>(words, a);
     if constexpr (kFast) {
-      // Register i of a fragment is row g + 8 (i & 1)'s; registers 2 and 3 hold 16 * digit (the
-      // activations they meet are a sixteenth of theirs), so their bias is 16 * bias: each
-      // becomes 16 * (digit * scale + bias), which rounds as digit * scale + bias does.
       float sc[2], bi[2];
       load_scales(slot, sc, bi);
-      uint32_t s2[2], b2[2][2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(s2[h]) : "f"(sc[h]));
-        asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(b2[0][h]) : "f"(bi[h]));
-        asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(b2[1][h]) : "f"(16.0f * bi[h]));
-      }
-#pragma unroll
-      for (int k = 0; k < kKSteps; ++k) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          asm("fma.rn.f16x2 %0, %0, %1, %2;"
-              : "+r"(a[k][i])
-              : "r"(s2[i & 1]), "r"(b2[i >> 1][i & 1]));
-        }
-      }
+      q4_fast_weights(a, sc, bi);
     }
   }
 
@@ -452,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t smem = (raw + 1023) & ~1023u;
   const int64_t unit = blockIdx.x;
   if (unit >= sk.warps) return;  // the whole block
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) {
     const uint32_t bars = smem + S::kStages * S::kBytes;
     constexpr bool kLockstep = Q4GmmaBlock<G, N, ST, kFast>::kLockstep;
@@ -479,40 +452,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (k0 > 0 || k1 < sk.steps) {
       if (!streamk_fixup(sk, unit, btile, k0 > 0 ? 0 : 1, tot, warp, kWarps)) return;
     }
-#pragma unroll
-    for (int j = 0; j < N / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int c = 8 * j + 2 * t + e;  // activation row
-        if (c >= q.ncols) continue;
-        const float scale = act.colscale[(kChunks ? q.cbase : 0) + c];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t r = q.r0 + 16 * warp + g + 8 * h;
-          if (r < q.m.rows) q.out[c * q.m.rows + r] = tot[4 * j + 2 * h + e] * scale;
-        }
-      }
-    }
+    q4_store_tile<N>(q, tot, act.colscale + (kChunks ? q.cbase : 0), warp);
   });
 #else
   __trap();  // launched only on sm_90 devices (GemvWorkspace::wgmma)
 #endif
-}
-
-// The prepared activations as a 2-D tensor of [rows, 2K] halves for the copy engine: boxes of
-// 64 halves (128 bytes) x N rows, 128-byte swizzled, rows past the end read as zeros.
-CUtensorMap act_tensor_map(const Q4Act& act, int n_box, const GemvWorkspace& ws) {
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(act.ld), static_cast<cuuint64_t>(act.rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(act.ld) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(n_box)};
-  const cuuint32_t elem[2] = {1, 1};
-  const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ws.encode_tiled);
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, act.x, dims, strides, box,
-                            elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TM_CUDA_REQUIRE(r == CUDA_SUCCESS, "q4 wgmma gemv: cuTensorMapEncodeTiled failed");
-  return map;
 }
 
 template <int G, int N, int ST, bool kChunks, bool kFast>
@@ -525,7 +469,7 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
                                static_cast<int>(smem)));
   StreamK sk = plan_streamk(reinterpret_cast<const void*>(kernel), kThreads, block_tiles,
                             jobs.m[0].cols / G, 32 * (N / 2), ws, kMinSteps, kWarps, smem);
-  const CUtensorMap map = act_tensor_map(act, N, ws);
+  const CUtensorMap map = q4_act_tensor_map(act, N, ws);
   launch_pdl(kernel, dim3(static_cast<unsigned>(sk.warps)), dim3(kThreads), smem, st, jobs, act, n,
              sk, chunks, tiles_per_chunk, map);
 }
@@ -571,6 +515,22 @@ void require_gmma(const GemvJobs& jobs, const Q4Act& act, const GemvWorkspace& w
 
 }  // namespace
 
+// The prepared activations as a 2-D tensor of [rows, 2K] halves for the copy engine: boxes of
+// 64 halves (128 bytes) x N rows, 128-byte swizzled, rows past the end read as zeros.
+CUtensorMap q4_act_tensor_map(const Q4Act& act, int n_box, const GemvWorkspace& ws) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(act.ld), static_cast<cuuint64_t>(act.rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(act.ld) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(n_box)};
+  const cuuint32_t elem[2] = {1, 1};
+  const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ws.encode_tiled);
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, act.x, dims, strides, box,
+                            elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TM_CUDA_REQUIRE(r == CUDA_SUCCESS, "q4 wgmma gemv: cuTensorMapEncodeTiled failed");
+  return map;
+}
+
 bool q4_gmma_eligible(int group, const GemvWorkspace& ws) {
   return ws.wgmma && (group == 64 || group == 128);
 }
@@ -579,6 +539,12 @@ void launch_q4g_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
                      const GemvWorkspace& ws) {
   require_gmma(jobs, act, ws);
   TM_CUDA_REQUIRE(n > 16 && n <= kQ4GemvMaxRows, "q4 wgmma gemv: 17..64 rows");
+#if TM_Q4F
+  if (ws.fast_gmma && act.group == 64) {
+    launch_q4f_gemv(st, jobs, act, n, ws);  // the register-fed form (cuda_gemv_q4f.cu)
+    return;
+  }
+#endif
   jobs.shared_offset = 0;
   const int64_t block_tiles = q4_number_tiles(jobs, act, kBlockTiles) / kBlockTiles;
   if (n <= 32) {
