@@ -35,9 +35,18 @@
 #include "backend/cuda/cuda_wgmma.cuh"
 
 // Groups in flight per warp (the register ring; even: the A fragments alternate between two
-// sets from group to group).
+// sets from group to group). 4 measured fastest (S56, the 27B's MLP shapes at 64 rows, H200 and
+// H100): 8 (168 registers) 3-10% slower, 6 and 2 slower too. A deeper ring did not keep more
+// loads usefully in flight: at 8, ncu put 37% of the long-scoreboard stalls on the round's first
+// read of the ring (a warp has six scoreboards for its 16 loads in flight, so that read likely
+// waited for later loads sharing its scoreboard), and at the register cap ptxas recomputed
+// addresses every group (172 instructions a warp per group).
 #ifndef TM_Q4F_DEPTH
-#define TM_Q4F_DEPTH 8
+#define TM_Q4F_DEPTH 4
+#endif
+// Groups whose activations are staged ahead of the one in use.
+#ifndef TM_Q4F_AHEAD
+#define TM_Q4F_AHEAD 8
 #endif
 
 namespace tokenmill::cuda {
@@ -53,7 +62,7 @@ static_assert(kDepth >= 2 && kDepth % 2 == 0, "an even register depth");
 // ahead, so a stage is restaged kStages - kAhead groups after its use and warps may run that far
 // apart.
 constexpr int kStages = 16;
-constexpr int kAhead = 8;
+constexpr int kAhead = TM_Q4F_AHEAD;
 static_assert((kStages & (kStages - 1)) == 0 && kAhead < kStages, "stage ring");
 // Fewest groups per block (as the other 4-bit kernels): fixups read every block's partials.
 constexpr int kMinGroups = 8;

@@ -3,7 +3,8 @@
 // The arithmetic is cuda_gemv_q4.cu's (the weights' nibbles exact in F16, activations hi + lo,
 // scale and bias per group); the instructions that do it are fewer and asynchronous.
 // BatchPrecision::kFast (not for MoE chunks) trades that for F16 weights times the activations'
-// hi parts, accumulated across groups (Q4GmmaBlock).
+// hi parts, accumulated across groups (Q4GmmaBlock); at groups of 64 that pass runs in
+// cuda_gemv_q4f.cu instead (the weights straight into registers, no shared-memory staging).
 //
 // Why: the mma.sync kernel (cuda_gemv_q4w.cu) spent about 7 instructions per m16n8k16 mma (the
 // per-group FP32 epilogue, staging, unpacking) at two warps per scheduler, so it read the
@@ -42,9 +43,10 @@
 #include "backend/cuda/cuda_gemv_q4.cuh"
 #include "backend/cuda/cuda_wgmma.cuh"
 
-// 1: fast passes at groups of 64 take cuda_gemv_q4f.cu's register-fed kernel (off until measured).
+// 1: fast passes at groups of 64 take cuda_gemv_q4f.cu's register-fed kernel (0: this file's, for
+// A/Bs against it).
 #ifndef TM_Q4F
-#define TM_Q4F 0
+#define TM_Q4F 1
 #endif
 
 namespace tokenmill::cuda {

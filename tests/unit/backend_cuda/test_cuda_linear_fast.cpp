@@ -82,10 +82,9 @@ TEST_F(CudaLinearFast, BatchPrecisionFastIsTheF16Product) {
   const bool hopper = prop.major == 9 && prop.minor == 0;
   Rng rng(21);
   // 400 rows: three block tiles, the last one partial; 1088 columns at groups of 64 (17 groups:
-  // stream-K's ranges of 7 and 8 groups start and end at odd groups, and some pieces of a range
-  // are a single group) and 1024 at groups of 128 (8 groups), split across blocks. Rows 17-32
-  // and 33-64 are the two kernel widths; groups of 64 run warps apart at 64 rows, groups of 128
-  // and 32 rows in lockstep.
+  // the register-fed kernel's rounds of 4 groups leave a last round of one real group and three
+  // padded ones) and 1024 at groups of 128 (8 groups: the shared-memory kernel, lockstep),
+  // split across blocks. Rows 17-32 and 33-64 are the two kernel widths.
   for (int group : {64, 128}) {
     for (DType sd : {DType::BF16, DType::F16, DType::F32}) {
       const HostWeight hw = affine_weight(rng, 4, group, sd, 400, group == 64 ? 1088 : 1024, 0);
