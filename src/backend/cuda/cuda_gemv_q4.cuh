@@ -220,6 +220,29 @@ __device__ __forceinline__ void q4_scales(const Q4ScaleVec<ST>& v, float (&sc)[2
   }
 }
 
+// The exact wgmma GEMVs' per-group step: tot += scale * acc + bias * X for a group's finished
+// products acc (the accumulator fragment: weight row g + 8h, activation row 8j + 2t + e) with
+// rows g and g + 8's scales and biases; X, the activation rows' group sums, from shared memory at
+// xs (this lane's first pair; row block j 32 bytes further). Every row block, rows past the
+// valid ones included (their sums are zeros): no branch while wgmmas may run.
+template <int N>
+__device__ __forceinline__ void q4_group_epilogue(float (&tot)[N / 2], const float (&acc)[N / 2],
+                                                  const float (&sc)[2], const float (&bi)[2],
+                                                  uint32_t xs) {
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+    float2 X;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(X.x), "=f"(X.y) : "r"(xs + 32 * j));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float& o0 = tot[4 * j + 2 * h];
+      float& o1 = tot[4 * j + 2 * h + 1];
+      o0 = fmaf(sc[h], acc[4 * j + 2 * h], fmaf(bi[h], X.x, o0));
+      o1 = fmaf(sc[h], acc[4 * j + 2 * h + 1], fmaf(bi[h], X.y, o1));
+    }
+  }
+}
+
 // A warp's 16-row tile of a wgmma GEMV's output (acc[4j + 2h + e]: weight row g + 8h of tile
 // `warp` of q's block tile, activation row 8j + 2t + e), times the rows' scales colscale[c].
 template <int N>

@@ -1,7 +1,9 @@
 // 4-bit GEMV for 17..64 activation rows in BatchPrecision::kFast at groups of 64 (Hopper's
 // wgmma, sm_90a): the register-fed form of cuda_gemv_q4g.cu's fast pass, with the same
 // arithmetic (F16 weights, digit * scale + bias rounded once, times the activations' hi parts,
-// accumulated in F32 across the groups by the wgmmas).
+// accumulated in F32 across the groups by the wgmmas). The exact pass in the same form (the
+// digits times hi and lo parts, scale and bias per group in F32, as cuda_gemv_q4g.cu) is written
+// and compiled but routed only in a build with -DTM_Q4F_EXACT=1 until it has run on a GPU.
 //
 // Why: in cuda_gemv_q4g.cu every group of a block tile's weights passes through shared memory
 // (a cp.async and an arrival per thread, then a shared load and the unpacking per warp) before a
@@ -53,24 +55,33 @@ namespace tokenmill::cuda {
 namespace {
 
 constexpr int kGroup = 64;
-constexpr int kWarps = 12;
+// Warpgroups a block (each warp one 16-row tile of the block tile).
+#ifndef TM_Q4F_WARPGROUPS
+#define TM_Q4F_WARPGROUPS 3
+#endif
+constexpr int kWarps = 4 * TM_Q4F_WARPGROUPS;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kBlockTiles = kWarps;  // 16-row tiles per block tile, one per warp
 constexpr int kDepth = TM_Q4F_DEPTH;
 static_assert(kDepth >= 2 && kDepth % 2 == 0, "an even register depth");
-// The activations' ring: a power of two (slot and phase by mask and shift), staged kAhead groups
-// ahead, so a stage is restaged kStages - kAhead groups after its use and warps may run that far
-// apart.
-constexpr int kStages = 16;
-constexpr int kAhead = TM_Q4F_AHEAD;
-static_assert((kStages & (kStages - 1)) == 0 && kAhead < kStages, "stage ring");
 // Fewest groups per block (as the other 4-bit kernels): fixups read every block's partials.
 constexpr int kMinGroups = 8;
 
-template <int N>
+// The activations' ring. kFast: a stage is the group's hi parts (N rows of 64 halves); exact:
+// the hi and lo parts, then the rows' group sums (the bias term's), so half as many stages fit.
+// kStages is a power of two (slot and phase by mask and shift); stages are staged kAhead groups
+// ahead, so a stage is restaged kStages - kAhead groups after its use and warps may run that far
+// apart.
+template <int N, bool kFast>
 struct Q4fSmem {
-  static constexpr int kStageBytes = N * 128;  // N rows of 64 halves
-  static_assert(kStageBytes % 1024 == 0, "stages 1024-byte aligned (the swizzle's atom)");
+  static constexpr int kParts = kFast ? 1 : 2;
+  static constexpr int kPartBytes = N * 128;
+  static constexpr int kSumOff = kParts * kPartBytes;
+  // 1024-byte aligned (the swizzle's atom)
+  static constexpr int kStageBytes = (kSumOff + (kFast ? 0 : N * 4) + 1023) / 1024 * 1024;
+  static constexpr int kStages = kFast ? 16 : 8;
+  static constexpr int kAhead = kFast ? TM_Q4F_AHEAD : kStages / 2;
+  static_assert((kStages & (kStages - 1)) == 0 && kAhead < kStages, "stage ring");
   // + alignment, + two mbarriers per stage (full, empty)
   static constexpr size_t kBytes = static_cast<size_t>(kStages) * kStageBytes + 1024 + 16 * kStages;
 };
@@ -107,12 +118,20 @@ struct Q4fRing {
 };
 
 // One block tile's part, rounds [r0, r1) (groups [k0, k_pad), of which those below k_end are
-// real): the warp's weight loads, thread 0's staging of the activations, the wgmmas.
+// real): the warp's weight loads, the staging of the activations (thread 0; exact: also threads
+// below N, each its row's group sum), the wgmmas.
 // acc[4j + 2h + e]: weight row g + 8h of the warp's tile, activation row 8j + 2t + e (the wgmma
 // accumulator fragment), before the rows' power-of-two scales.
-template <int N, int ST>
+// Exact (BatchPrecision::kExact): the A fragments are the digits themselves, exact in F16, times
+// the activations' hi and lo parts into a fresh accumulator each group, then scale * that + bias
+// * the group's sum added in F32 (cuda_gemv_q4g.cu's arithmetic); the next group's fragments are
+// unpacked while a group's wgmmas run.
+template <int N, int ST, bool kFast>
 struct Q4fPart {
-  using Smem = Q4fSmem<N>;
+  using Smem = Q4fSmem<N, kFast>;
+  static constexpr int kStages = Smem::kStages;
+  static constexpr int kAhead = Smem::kAhead;
+  static constexpr int kStagers = kFast ? 1 : N;  // threads that stage a group
   static constexpr int kSB = ST == kF32 ? 4 : 2;  // bytes per scale
   uint32_t smem, bars;
   const CUtensorMap* tmap;
@@ -120,18 +139,26 @@ struct Q4fPart {
   const uint8_t *pw, *ps;  // this lane's words and scales at group 0
   int k0, k_end, k_pad;
   uint32_t uses0;  // the block's stage uses before this part (one phase of a stage each)
+  // Exact: where the lo parts start (halves), this thread's row's group sums, the rows.
+  int K, ncols;
+  const float* sumsrc;
 
   __device__ __forceinline__ uint32_t full(int slot) const { return bars + 8 * slot; }
   __device__ __forceinline__ uint32_t empty(int slot) const { return bars + 8 * (kStages + slot); }
 
-  __device__ Q4fPart(const DevMat& m, int64_t r0_rows, int valid, int64_t cbase, int64_t r0,
-                     int64_t r1, uint32_t smem_, const CUtensorMap* tmap_, uint32_t uses)
+  __device__ Q4fPart(const DevMat& m, int64_t r0_rows, int valid, const Q4Act& act, int64_t cbase,
+                     int ncols_, int64_t r0, int64_t r1, uint32_t smem_, const CUtensorMap* tmap_,
+                     uint32_t uses)
       : smem(smem_),
         bars(smem_ + kStages * Smem::kStageBytes),
         tmap(tmap_),
         row0(static_cast<int>(cbase)),
-        uses0(uses) {
+        uses0(uses),
+        K(static_cast<int>(act.ld / 2)),
+        ncols(ncols_) {
     const int groups = static_cast<int>(m.cols / kGroup);
+    const int r = static_cast<int>(threadIdx.x);
+    sumsrc = act.sums + (cbase + (r < ncols ? r : 0)) * groups;
     k0 = static_cast<int>(r0) * kDepth;
     k_pad = static_cast<int>(r1) * kDepth;
     k_end = min(k_pad, groups);
@@ -150,24 +177,42 @@ struct Q4fPart {
     ldg_pred(ring.s[u], ps + static_cast<uint32_t>(grp) * 32 * kSB, real);
   }
 
-  // Thread 0: group grp's activations (a padded group: the last real one's) into stage use's
-  // slot, once every warp has released the slot's previous use.
+  // Threads below kStagers: group grp's activations (a padded group: the last real one's) into
+  // stage use's slot, once every warp has released the slot's previous use; thread 0 by the copy
+  // engine, exact: each thread its row's group sum by cp.async (rows past ncols: zeros).
   __device__ __forceinline__ void stage(uint32_t use, int grp) const {
     const int slot = static_cast<int>(use % kStages);
     mbar_wait(empty(slot), ((use / kStages) & 1) ^ 1);
-    mbar_expect(full(slot), Smem::kStageBytes);
-    tma_load_2d(smem + slot * Smem::kStageBytes, tmap, min(grp, k_end - 1) * kGroup, row0,
-                full(slot));
+    if (threadIdx.x == 0) {
+      mbar_expect(full(slot), Smem::kParts * Smem::kPartBytes);
+      const uint32_t base = smem + slot * Smem::kStageBytes;
+      const int src = min(grp, k_end - 1);
+      tma_load_2d(base, tmap, src * kGroup, row0, full(slot));
+      if constexpr (!kFast) {
+        tma_load_2d(base + Smem::kPartBytes, tmap, K + src * kGroup, row0, full(slot));
+      }
+    }
+    if constexpr (!kFast) {
+      const uint32_t base = smem + slot * Smem::kStageBytes;
+      cp_async4(base + Smem::kSumOff + threadIdx.x * 4, sumsrc + min(grp, k_end - 1),
+                static_cast<int>(threadIdx.x) < ncols ? 4 : 0);
+      cp_async_arrive(full(slot));
+    }
   }
 
-  // The A fragments of ring slot u: the weights, digit * scale + bias in F16.
+  // The A fragments of ring slot u; kFast: the weights, digit * scale + bias in F16; exact: the
+  // digits, with the rows' scales and biases in sb (sc[0], sc[1], bi[0], bi[1]).
   __device__ __forceinline__ static void unpack(const Q4fRing<ST>& ring, int u,
-                                                uint32_t (&a)[kKSteps][4]) {
+                                                uint32_t (&a)[kKSteps][4], float (&sb)[4]) {
     const uint32_t words[4] = {ring.w[u].x, ring.w[u].y, ring.w[u].z, ring.w[u].w};
     q4_fragments<2>(words, a);
     float sc[2], bi[2];
     q4_scales<ST>(ring.s[u], sc, bi);
-    q4_fast_weights(a, sc, bi);
+    if constexpr (kFast) {
+      q4_fast_weights(a, sc, bi);
+    } else {
+      sb[0] = sc[0], sb[1] = sc[1], sb[2] = bi[0], sb[3] = bi[1];
+    }
   }
 
   // The group's wgmmas (A from a, B from stage `slot`) into acc, committed, not waited for;
@@ -180,8 +225,26 @@ struct Q4fPart {
     for (int i = 0; i < N / 2; ++i) fence_operand(acc[i]);
     wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < kKSteps; ++s) wgmma<N>(acc, a[s], d0 + 2 * s, s > 0 || !first ? 1 : 0);
+    for (int s = 0; s < kKSteps; ++s) {
+      if constexpr (kFast) {
+        wgmma<N>(acc, a[s], d0 + 2 * s, s > 0 || !first ? 1 : 0);
+      } else {
+        wgmma<N>(acc, a[s], d0 + 2 * s, s > 0 ? 1 : 0);
+        wgmma<N>(acc, a[s], d0 + (Smem::kPartBytes >> 4) + 2 * s, 1);  // the lo parts
+      }
+    }
     wgmma_commit();
+  }
+
+  // Exact, after the group's wgmmas were waited for: scale * acc + bias * the rows' group sums
+  // (stage `slot`'s) into tot.
+  __device__ __forceinline__ void epilogue(int slot, float (&acc)[N / 2], const float (&sb)[4],
+                                           float (&tot)[N / 2]) const {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) fence_operand(acc[i]);
+    const float sc[2] = {sb[0], sb[1]}, bi[2] = {sb[2], sb[3]};
+    q4_group_epilogue<N>(tot, acc, sc, bi,
+                         smem + slot * Smem::kStageBytes + Smem::kSumOff + (threadIdx.x & 3) * 8);
   }
 
   // This warp is done with stage use's slot (its wgmmas waited for): lane 0 arrives on the empty
@@ -195,42 +258,94 @@ struct Q4fPart {
         : "memory");
   }
 
-  __device__ __forceinline__ void run(float (&acc)[N / 2]) const {
-    Q4fRing<ST> ring;
-    // The first round's weights load before the wait for the kernel that prepares the
-    // activations (launch_pdl); the activations only after it.
+  // The first round's weights load before the wait for the kernel that prepares the
+  // activations (launch_pdl); the activations only after it.
+  __device__ __forceinline__ void start(Q4fRing<ST>& ring) const {
 #pragma unroll
     for (int u = 0; u < kDepth; ++u) load(ring, u, k0 + u);
     pdl_begin();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < kStagers) {
       for (int s = 0; s < kAhead && k0 + s < k_pad; ++s) stage(uses0 + s, k0 + s);
     }
+  }
+
+  // tot: the part's sums (kFast: the wgmmas' accumulators themselves).
+  __device__ __forceinline__ void run(float (&tot)[N / 2]) const {
+    if constexpr (kFast) {
+      run_fast(tot);
+    } else {
+      run_exact(tot);
+    }
+  }
+
+  __device__ __forceinline__ void run_fast(float (&tot)[N / 2]) const {
+    Q4fRing<ST> ring;
+    start(ring);
     uint32_t a[2][kKSteps][4];
+    float sb[4];  // unused (kFast folds the scales into the fragments)
+    {
+      for (int base = k0; base < k_pad; base += kDepth) {
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) {
+          const int grp = base + u;
+          const uint32_t use = uses0 + static_cast<uint32_t>(grp - k0);
+          if (threadIdx.x == 0 && grp + kAhead < k_pad) stage(use + kAhead, grp + kAhead);
+          // Registers only (ring slot u, then its next load): overlaps the activations' wait.
+          unpack(ring, u, a[u & 1], sb);
+          load(ring, u, grp + kDepth);
+          mbar_wait(full(static_cast<int>(use % kStages)), (use / kStages) & 1);
+          mma(static_cast<int>(use % kStages), a[u & 1], tot, grp == k0);
+          // grp - 1's wgmmas (which read the other A set and grp - 1's stage) are done past this.
+          wgmma_wait<1>();
+#pragma unroll
+          for (int s = 0; s < kKSteps; ++s) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) fence_word(a[(u + 1) & 1][s][i]);
+          }
+          release(use - 1, grp > k0);
+        }
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) fence_operand(tot[i]);
+      release(uses0 + static_cast<uint32_t>(k_pad - 1 - k0), true);
+    }
+  }
+
+  __device__ __forceinline__ void run_exact(float (&tot)[N / 2]) const {
+    Q4fRing<ST> ring;
+    start(ring);
+    uint32_t a[2][kKSteps][4];
+    float sb[2][4];
+    // acc needs no initial values (each group's first wgmma ignores them).
+    float acc[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) tot[i] = 0.0f;
+    unpack(ring, 0, a[0], sb[0]);
+    load(ring, 0, k0 + kDepth);
     for (int base = k0; base < k_pad; base += kDepth) {
 #pragma unroll
       for (int u = 0; u < kDepth; ++u) {
-        const int grp = base + u;
+        const int grp = base + u, next = (u + 1) % kDepth;
         const uint32_t use = uses0 + static_cast<uint32_t>(grp - k0);
-        if (threadIdx.x == 0 && grp + kAhead < k_pad) stage(use + kAhead, grp + kAhead);
-        // Registers only (ring slot u, then its next load): overlaps the activations' wait.
-        unpack(ring, u, a[u & 1]);
-        load(ring, u, grp + kDepth);
-        mbar_wait(full(static_cast<int>(use % kStages)), (use / kStages) & 1);
-        mma(static_cast<int>(use % kStages), a[u & 1], acc, grp == k0);
-        // grp - 1's wgmmas (which read the other A set and grp - 1's stage) are done past this.
-        wgmma_wait<1>();
+        const int slot = static_cast<int>(use % kStages);
+        if (threadIdx.x < kStagers && grp + kAhead < k_pad) stage(use + kAhead, grp + kAhead);
+        mbar_wait(full(slot), (use / kStages) & 1);
+        mma(slot, a[u & 1], acc, false);
+        // grp + 1's fragments (ring slot `next`, then its next load) while grp's wgmmas run
+        // (past the part's end: zeros, never multiplied).
+        unpack(ring, next, a[(u + 1) & 1], sb[(u + 1) & 1]);
+        load(ring, next, grp + 1 + kDepth);
+        wgmma_wait<0>();
 #pragma unroll
         for (int s = 0; s < kKSteps; ++s) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) fence_word(a[(u + 1) & 1][s][i]);
+          for (int i = 0; i < 4; ++i) fence_word(a[u & 1][s][i]);  // read by the wgmmas until here
         }
-        release(use - 1, grp > k0);
+        epilogue(slot, acc, sb[u & 1], tot);
+        release(use, true);
       }
     }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) fence_operand(acc[i]);
-    release(uses0 + static_cast<uint32_t>(k_pad - 1 - k0), true);
   }
 };
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -238,7 +353,7 @@ struct Q4fPart {
 // Stream-K over block tiles x rounds (each job's tiles padded to whole block tiles). Dynamic
 // shared memory: Q4fSmem<N>::kBytes. tmap: the prepared activations as [rows, 2K] halves in
 // boxes of 64 x N, 128-byte swizzled (q4_act_tensor_map).
-template <int N, int ST>
+template <int N, int ST, bool kFast>
 __global__ void __launch_bounds__(kThreads, 1)
     q4f_gemv_kernel(GemvJobs jobs, Q4Act act, int n, StreamK sk,
                     const __grid_constant__ CUtensorMap tmap) {
@@ -249,11 +364,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t unit = blockIdx.x;
   if (unit >= sk.warps) return;  // the whole block
   const int warp = threadIdx.x >> 5;
+  using Smem = Q4fSmem<N, kFast>;
   if (threadIdx.x == 0) {
-    const uint32_t bars = smem + kStages * Q4fSmem<N>::kStageBytes;
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(bars + 8 * s, 1);  // thread 0's arrival with the copy engine's bytes
-      mbar_init(bars + 8 * (kStages + s), kWarps);
+    const uint32_t bars = smem + Smem::kStages * Smem::kStageBytes;
+    for (int s = 0; s < Smem::kStages; ++s) {
+      // Thread 0's arrival with the copy engine's bytes; exact: and each stager's cp.async.
+      mbar_init(bars + 8 * s, kFast ? 1 : N + 1);
+      mbar_init(bars + 8 * (Smem::kStages + s), kWarps);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -265,7 +382,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t valid64 = (q.m.rows + 15) / 16 - q.r0 / 16;
     const int valid = static_cast<int>(valid64 < kBlockTiles ? valid64 : kBlockTiles);
     float acc[N / 2];
-    const Q4fPart<N, ST> part(q.m, q.r0, valid, q.cbase, r0, r1, smem, &tmap, uses);
+    const Q4fPart<N, ST, kFast> part(q.m, q.r0, valid, act, q.cbase, q.ncols, r0, r1, smem, &tmap,
+                                     uses);
     part.run(acc);
     uses += static_cast<uint32_t>(part.k_pad - part.k0);
     if (warp >= valid) return;  // a padding tile
@@ -279,11 +397,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int N, int ST>
+template <int N, int ST, bool kFast>
 void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
                   int64_t block_tiles, const GemvWorkspace& ws) {
-  const auto kernel = q4f_gemv_kernel<N, ST>;
-  constexpr size_t smem = Q4fSmem<N>::kBytes;
+  const auto kernel = q4f_gemv_kernel<N, ST, kFast>;
+  constexpr size_t smem = Q4fSmem<N, kFast>::kBytes;
   TM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(smem)));
   const int64_t rounds = (jobs.m[0].cols / kGroup + kDepth - 1) / kDepth;
@@ -294,18 +412,28 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
              sk, map);
 }
 
-template <int N>
+template <int N, bool kFast>
 void launch_scale(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
                   int64_t block_tiles, const GemvWorkspace& ws) {
   switch (jobs.m[0].sdtype) {
     case kBF16:
-      launch_typed<N, kBF16>(st, jobs, act, n, block_tiles, ws);
+      launch_typed<N, kBF16, kFast>(st, jobs, act, n, block_tiles, ws);
       break;
     case kF16:
-      launch_typed<N, kF16>(st, jobs, act, n, block_tiles, ws);
+      launch_typed<N, kF16, kFast>(st, jobs, act, n, block_tiles, ws);
       break;
     default:
-      launch_typed<N, kF32>(st, jobs, act, n, block_tiles, ws);
+      launch_typed<N, kF32, kFast>(st, jobs, act, n, block_tiles, ws);
+  }
+}
+
+template <bool kFast>
+void launch_rows(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
+                 int64_t block_tiles, const GemvWorkspace& ws) {
+  if (n <= 32) {
+    launch_scale<32, kFast>(st, jobs, act, n, block_tiles, ws);
+  } else {
+    launch_scale<64, kFast>(st, jobs, act, n, block_tiles, ws);
   }
 }
 
@@ -321,10 +449,10 @@ void launch_q4f_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
   TM_CUDA_REQUIRE(n > 16 && n <= kQ4GemvMaxRows, "q4 register-fed gemv: 17..64 rows");
   jobs.shared_offset = 0;
   const int64_t block_tiles = q4_number_tiles(jobs, act, kBlockTiles) / kBlockTiles;
-  if (n <= 32) {
-    launch_scale<32>(st, jobs, act, n, block_tiles, ws);
+  if (ws.fast_gmma) {
+    launch_rows<true>(st, jobs, act, n, block_tiles, ws);
   } else {
-    launch_scale<64>(st, jobs, act, n, block_tiles, ws);
+    launch_rows<false>(st, jobs, act, n, block_tiles, ws);
   }
   TM_CUDA_LAUNCHED();
 }

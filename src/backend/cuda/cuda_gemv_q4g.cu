@@ -48,6 +48,10 @@
 #ifndef TM_Q4F
 #define TM_Q4F 1
 #endif
+// 1: exact passes at groups of 64 take it too (not yet measured, so 0).
+#ifndef TM_Q4F_EXACT
+#define TM_Q4F_EXACT 0
+#endif
 
 namespace tokenmill::cuda {
 namespace {
@@ -275,21 +279,9 @@ struct Q4GmmaBlock {
     const uint32_t sa = base + S::kSOff + warp * S::kScaleBytes + g * 4 * S::kSB;
     float sc[2], bi[2];
     q4_scales<ST>(scale_vec(sa), sc, bi);
-    const uint32_t xs = base + S::kSumOff + t * 8;
-    // Every column block, rows past ncols included (their activations and sums read as zeros):
-    // a branch here, while the next group's wgmmas run, made ptxas serialize the wgmmas.
-#pragma unroll
-    for (int j = 0; j < N / 8; ++j) {
-      float2 X;
-      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(X.x), "=f"(X.y) : "r"(xs + 32 * j));
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float& o0 = tot[4 * j + 2 * h];
-        float& o1 = tot[4 * j + 2 * h + 1];
-        o0 = fmaf(sc[h], acc[4 * j + 2 * h], fmaf(bi[h], X.x, o0));
-        o1 = fmaf(sc[h], acc[4 * j + 2 * h + 1], fmaf(bi[h], X.y, o1));
-      }
-    }
+    // (A branch over the row blocks here, while the next group's wgmmas run, made ptxas
+    // serialize the wgmmas.)
+    q4_group_epilogue<N>(tot, acc, sc, bi, base + S::kSumOff + t * 8);
   }
 
   // Returns group grp's stage once it has landed, with group grp + kAhead staged. Lockstep: past
@@ -542,7 +534,7 @@ void launch_q4g_gemv(cudaStream_t st, GemvJobs jobs, const Q4Act& act, int n,
   require_gmma(jobs, act, ws);
   TM_CUDA_REQUIRE(n > 16 && n <= kQ4GemvMaxRows, "q4 wgmma gemv: 17..64 rows");
 #if TM_Q4F
-  if (ws.fast_gmma && act.group == 64) {
+  if (act.group == 64 && (ws.fast_gmma || TM_Q4F_EXACT)) {
     launch_q4f_gemv(st, jobs, act, n, ws);  // the register-fed form (cuda_gemv_q4f.cu)
     return;
   }
