@@ -46,19 +46,20 @@
 #ifndef TM_Q4F_DEPTH
 #define TM_Q4F_DEPTH 4
 #endif
-// Groups whose activations are staged ahead of the one in use.
+// Groups whose activations are staged ahead of the one in use (the fast pass's 16 stages; the
+// exact pass stages 4 of its 8 ahead).
 #ifndef TM_Q4F_AHEAD
 #define TM_Q4F_AHEAD 8
+#endif
+// Warpgroups a block (each warp one 16-row tile of the block tile).
+#ifndef TM_Q4F_WARPGROUPS
+#define TM_Q4F_WARPGROUPS 3
 #endif
 
 namespace tokenmill::cuda {
 namespace {
 
 constexpr int kGroup = 64;
-// Warpgroups a block (each warp one 16-row tile of the block tile).
-#ifndef TM_Q4F_WARPGROUPS
-#define TM_Q4F_WARPGROUPS 3
-#endif
 constexpr int kWarps = 4 * TM_Q4F_WARPGROUPS;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kBlockTiles = kWarps;  // 16-row tiles per block tile, one per warp
