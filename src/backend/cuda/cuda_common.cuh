@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -15,6 +16,22 @@
 namespace tokenmill::cuda {
 
 enum : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// Calls f(std::integral_constant<int, ST>{}) with a matrix's scale dtype code as a compile-time
+// constant (kBF16, kF16; anything else kF32), for launchers templated on it.
+template <class F>
+void with_scale_type(int sdtype, F&& f) {
+  switch (sdtype) {
+    case kBF16:
+      f(std::integral_constant<int, kBF16>{});
+      break;
+    case kF16:
+      f(std::integral_constant<int, kF16>{});
+      break;
+    default:
+      f(std::integral_constant<int, kF32>{});
+  }
+}
 
 // One matrix of a Weight in device memory, with the strides to step to another expert.
 struct DevMat {

@@ -262,16 +262,9 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
 template <int G, int CB>
 void launch_group(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n, int64_t tiles,
                   const GemvWorkspace& ws) {
-  switch (jobs.m[0].sdtype) {
-    case kBF16:
-      launch_typed<G, CB, kBF16>(st, jobs, act, n, tiles, ws);
-      break;
-    case kF16:
-      launch_typed<G, CB, kF16>(st, jobs, act, n, tiles, ws);
-      break;
-    default:
-      launch_typed<G, CB, kF32>(st, jobs, act, n, tiles, ws);
-  }
+  with_scale_type(jobs.m[0].sdtype, [&](auto sd) {
+    launch_typed<G, CB, decltype(sd)::value>(st, jobs, act, n, tiles, ws);
+  });
 }
 
 }  // namespace

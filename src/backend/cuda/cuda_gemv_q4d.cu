@@ -285,16 +285,10 @@ template <int G, int CB, bool kSlots>
 void launch_scales(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
                    const Q4Slots& sl, int64_t tiles, int64_t tiles_per_slot,
                    const GemvWorkspace& ws) {
-  switch (jobs.m[0].sdtype) {
-    case kBF16:
-      launch_typed<G, CB, kBF16, kSlots>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
-      break;
-    case kF16:
-      launch_typed<G, CB, kF16, kSlots>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
-      break;
-    default:
-      launch_typed<G, CB, kF32, kSlots>(st, jobs, act, n, sl, tiles, tiles_per_slot, ws);
-  }
+  with_scale_type(jobs.m[0].sdtype, [&](auto sd) {
+    launch_typed<G, CB, decltype(sd)::value, kSlots>(st, jobs, act, n, sl, tiles, tiles_per_slot,
+                                                     ws);
+  });
 }
 
 template <int G>

@@ -416,16 +416,9 @@ void launch_typed(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n
 template <int N, bool kFast>
 void launch_scale(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
                   int64_t block_tiles, const GemvWorkspace& ws) {
-  switch (jobs.m[0].sdtype) {
-    case kBF16:
-      launch_typed<N, kBF16, kFast>(st, jobs, act, n, block_tiles, ws);
-      break;
-    case kF16:
-      launch_typed<N, kF16, kFast>(st, jobs, act, n, block_tiles, ws);
-      break;
-    default:
-      launch_typed<N, kF32, kFast>(st, jobs, act, n, block_tiles, ws);
-  }
+  with_scale_type(jobs.m[0].sdtype, [&](auto sd) {
+    launch_typed<N, decltype(sd)::value, kFast>(st, jobs, act, n, block_tiles, ws);
+  });
 }
 
 template <bool kFast>

@@ -364,19 +364,10 @@ template <int G, int CB, bool kChunks>
 void launch_scale(cudaStream_t st, const GemvJobs& jobs, const Q4Act& act, int n,
                   int64_t block_tiles, const GemvWorkspace& ws, const int32_t* chunks,
                   int64_t tiles_per_chunk) {
-  switch (jobs.m[0].sdtype) {
-    case kBF16:
-      launch_typed<G, CB, kBF16, kChunks>(st, jobs, act, n, block_tiles, ws, chunks,
-                                          tiles_per_chunk);
-      break;
-    case kF16:
-      launch_typed<G, CB, kF16, kChunks>(st, jobs, act, n, block_tiles, ws, chunks,
-                                         tiles_per_chunk);
-      break;
-    default:
-      launch_typed<G, CB, kF32, kChunks>(st, jobs, act, n, block_tiles, ws, chunks,
-                                         tiles_per_chunk);
-  }
+  with_scale_type(jobs.m[0].sdtype, [&](auto sd) {
+    launch_typed<G, CB, decltype(sd)::value, kChunks>(st, jobs, act, n, block_tiles, ws, chunks,
+                                                      tiles_per_chunk);
+  });
 }
 
 template <int CB, bool kChunks>

@@ -187,16 +187,8 @@ void launch_form(cudaStream_t st, const ExpertMlpArgs& a, int slots) {
 
 template <int G>
 void launch_scale(cudaStream_t st, const ExpertMlpArgs& a, int slots) {
-  switch (a.gate.sdtype) {
-    case kBF16:
-      launch_form<G, kBF16>(st, a, slots);
-      break;
-    case kF16:
-      launch_form<G, kF16>(st, a, slots);
-      break;
-    default:
-      launch_form<G, kF32>(st, a, slots);
-  }
+  with_scale_type(a.gate.sdtype,
+                  [&](auto sd) { launch_form<G, decltype(sd)::value>(st, a, slots); });
 }
 
 }  // namespace
